@@ -1,0 +1,146 @@
+"""The bus interface: one contract, two backends (``embedded`` and ``kafka``).
+
+Offsets committed for a group follow Kafka's meaning: the offset of the *next* record to read.
+``append`` returns a future that resolves once the batch is durable under the backend's policy
+(the embedded log's durability setting; ``acks=all`` on Kafka), with one ``Position`` per message
+in the order given.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from types import TracebackType
+from typing import ClassVar, Self
+
+from headwater.bus.records import (
+    CompactionResult,
+    Message,
+    Position,
+    Record,
+    TopicInfo,
+    TopicPartition,
+)
+
+
+class Consumer(ABC):
+    """Reads the partitions of some topics for one group, from its committed offsets."""
+
+    @abstractmethod
+    def poll(self, max_records: int = 500, timeout: float = 1.0) -> list[Record]:
+        """Up to ``max_records`` records; waits at most ``timeout`` seconds when none are ready."""
+
+    @abstractmethod
+    def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
+        """Commit ``offsets`` (next offset to read), or the position after everything polled."""
+
+    @abstractmethod
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Read ``tp`` from ``offset`` on the next poll."""
+
+    @abstractmethod
+    def assignment(self) -> list[TopicPartition]:
+        """The partitions this consumer currently reads."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Bus(ABC):
+    """The log between the collector and the pipeline."""
+
+    backend: ClassVar[str]
+
+    # -- topics ---------------------------------------------------------------------------
+    @abstractmethod
+    def create_topic(
+        self, name: str, partitions: int | None = None, replication_factor: int | None = None
+    ) -> TopicInfo:
+        """Create ``name`` (defaults from config); return the existing topic if it exists."""
+
+    @abstractmethod
+    def topics(self) -> list[TopicInfo]:
+        """Every topic, sorted by name (internal topics excluded)."""
+
+    @abstractmethod
+    def topic(self, name: str) -> TopicInfo:
+        """One topic; raises ``UnknownTopic``."""
+
+    # -- writing --------------------------------------------------------------------------
+    @abstractmethod
+    def append(self, topic: str, messages: Sequence[Message]) -> Future[list[Position]]:
+        """Append a batch. Validation errors raise at once; I/O errors fail the future."""
+
+    @abstractmethod
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until everything appended so far is durable."""
+
+    # -- reading --------------------------------------------------------------------------
+    @abstractmethod
+    def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_records: int = 1000,
+        max_bytes: int | None = None,
+    ) -> list[Record]:
+        """Records from ``offset`` (or the next one after it, where compaction removed it) up to
+        the high watermark. Raises ``OffsetOutOfRange`` below the low or above the high
+        watermark."""
+
+    @abstractmethod
+    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        """(low, high): the first readable offset and the offset the next record will get."""
+
+    # -- groups (writers) -----------------------------------------------------------------
+    @abstractmethod
+    def commit(self, group: str, offsets: Mapping[TopicPartition, int]) -> None:
+        """Set a group's committed offsets (next offset to read) for some partitions."""
+
+    @abstractmethod
+    def committed(
+        self, group: str, topics: Sequence[str] | None = None
+    ) -> dict[TopicPartition, int]:
+        """A group's committed offsets, for every partition it has committed."""
+
+    @abstractmethod
+    def groups(self) -> list[str]:
+        """Every group that has committed offsets, sorted."""
+
+    @abstractmethod
+    def consumer(self, group: str, topics: Sequence[str]) -> Consumer:
+        """A consumer for ``group`` over ``topics``, starting at the committed offsets (or the
+        low watermark where the group has none)."""
+
+    # -- maintenance ----------------------------------------------------------------------
+    @abstractmethod
+    def compact(self, topic: str | None = None) -> list[CompactionResult]:
+        """Compact closed segments (embedded) or report what the broker does (kafka)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush, persist group offsets and release resources. Idempotent."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""Config: one YAML file validated by pydantic models."""

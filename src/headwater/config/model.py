@@ -1,0 +1,21 @@
+"""The root of ``headwater.yaml``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from headwater.bus.config import BusConfig
+from headwater.config.base import Section
+
+
+class HeadwaterConfig(Section):
+    data_dir: Path = Field(
+        Path("./data"), description="Root of local state: log, checkpoints, DuckDB warehouse."
+    )
+    bus: BusConfig = Field(default_factory=BusConfig, description="The log between services.")
+
+    def log_dir(self) -> Path:
+        """Where the embedded log lives."""
+        return self.bus.embedded.path or self.data_dir / "log"

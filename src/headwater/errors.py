@@ -1,0 +1,53 @@
+"""Errors shared by every headwater package.
+
+Every error carries a stable code (``HW-...``) that tests and operators match on, and is either
+*transient* (retry with backoff) or *terminal* (send the event to the failed store / stop).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class HeadwaterError(Exception):
+    """Base of every error headwater raises on purpose."""
+
+    code: ClassVar[str] = "HW-000"
+    transient: ClassVar[bool] = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class TransientError(HeadwaterError):
+    """Retrying later may succeed."""
+
+    transient = True
+
+
+class TerminalError(HeadwaterError):
+    """Retrying will not help."""
+
+
+class ConfigError(TerminalError):
+    """A configuration file or value is invalid."""
+
+    code = "HW-CFG-001"
+
+
+class MissingDependencyError(TerminalError):
+    """An optional dependency is not installed."""
+
+    code = "HW-DEP-001"
+
+    def __init__(self, module: str, extra: str) -> None:
+        super().__init__(
+            f"the Python module {module!r} is not installed; "
+            f"install it with: pip install 'headwater[{extra}]'"
+        )
+        self.module = module
+        self.extra = extra
