@@ -29,6 +29,9 @@ class Partitioner:
     ) -> dict[int, list[int]]:
         """Group message indexes by partition, preserving the order within each partition."""
         unkeyed = next(self._round_robin) % partitions
+        n = len(messages)
+        if partitions == 1 or all(m[1] is None and m[4] is None for m in messages):
+            return {0 if partitions == 1 else unkeyed: list(range(n))} if n else {}
         groups: dict[int, list[int]] = {}
         for i, m in enumerate(messages):
             p = m.partition

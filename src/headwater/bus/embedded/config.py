@@ -27,9 +27,7 @@ class RetentionConfig(Section):
 
 
 class EmbeddedBusConfig(Section):
-    path: Path | None = Field(
-        None, description="Directory of the log; default: <data_dir>/log."
-    )
+    path: Path | None = Field(None, description="Directory of the log; default: <data_dir>/log.")
     durability: Literal["always", "interval", "never"] = Field(
         "always",
         description="always: an append resolves once fdatasync'd (group commit); "

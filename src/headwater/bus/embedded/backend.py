@@ -1,0 +1,379 @@
+"""The embedded commit log: topics of partitions of segment files under one directory.
+
+Layout::
+
+    <dir>/LOCK                          held by the one writing process (flock)
+    <dir>/CLEAN                         present only after a clean close
+    <dir>/groups.json                   committed offsets of every group
+    <dir>/topics/<topic>/topic.json     {"partitions": N}
+    <dir>/topics/<topic>/<p>/<base>.log and <base>.index
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING, Self
+
+from headwater.bus.base import Bus, Consumer
+from headwater.bus.embedded import format as fmt
+from headwater.bus.embedded.compaction import compact_partition
+from headwater.bus.embedded.config import EmbeddedBusConfig
+from headwater.bus.embedded.consumer import EmbeddedConsumer
+from headwater.bus.embedded.durability import Durability
+from headwater.bus.embedded.lock import DirectoryLock
+from headwater.bus.embedded.offsets import GroupOffsets
+from headwater.bus.embedded.partition import Partition, now_ms
+from headwater.bus.errors import (
+    BusClosed,
+    InvalidArgument,
+    UnknownPartition,
+    UnknownTopic,
+)
+from headwater.bus.names import check_topic_name
+from headwater.bus.partitioner import Partitioner
+from headwater.bus.records import (
+    CompactionResult,
+    Message,
+    Position,
+    Record,
+    TopicInfo,
+    TopicPartition,
+)
+from headwater.bus.validation import validate_batch
+
+if TYPE_CHECKING:
+    from headwater.config.model import HeadwaterConfig
+
+
+class EmbeddedBus(Bus):
+    backend = "embedded"
+
+    def __init__(
+        self, directory: Path, config: EmbeddedBusConfig | None = None, *, read_only: bool = False
+    ) -> None:
+        self.directory = Path(directory)
+        self.config = config or EmbeddedBusConfig()
+        self.read_only = read_only
+        self._topics: dict[str, list[Partition]] = {}
+        self._topics_lock = threading.Lock()
+        self._partitioner = Partitioner()
+        self._closed = False
+        self._arrivals = threading.Condition()
+        self.arrival_generation = 0
+        self._lock: DirectoryLock | None = None
+        if not read_only:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._lock = DirectoryLock(self.directory / "LOCK")
+            self._lock.acquire()
+        elif not self.directory.is_dir():
+            raise UnknownTopic(f"there is no log at {self.directory}")
+        try:
+            clean_marker = self.directory / "CLEAN"
+            self._clean = clean_marker.exists() or read_only
+            if not read_only:
+                clean_marker.unlink(missing_ok=True)
+            self._load_topics()
+            self._offsets = GroupOffsets(
+                self.directory / "groups.json",
+                self.config.offsets_flush_interval_ms / 1000,
+                writable=not read_only,
+            )
+            self._durability = Durability(
+                "never" if read_only else self.config.durability,
+                self.config.flush_interval_ms / 1000,
+            )
+            self._durability.on_durable = self._notify_arrivals
+        except BaseException:
+            if self._lock is not None:
+                self._lock.release()
+            raise
+
+    @classmethod
+    def from_config(cls, config: HeadwaterConfig, *, read_only: bool = False) -> Self:
+        return cls(config.log_dir(), config.bus.embedded, read_only=read_only)
+
+    # -- topics ---------------------------------------------------------------------------
+    def _load_topics(self) -> None:
+        root = self.directory / "topics"
+        if not root.is_dir():
+            return
+        for meta in sorted(root.glob("*/topic.json")):
+            name = meta.parent.name
+            if name not in self._topics:
+                self._open_topic(name, json.loads(meta.read_bytes())["partitions"])
+
+    def _open_topic(self, name: str, partitions: int) -> list[Partition]:
+        parts = [
+            Partition(
+                name,
+                i,
+                self.directory / "topics" / name / str(i),
+                self.config,
+                writable=not self.read_only,
+            )
+            for i in range(partitions)
+        ]
+        for p in parts:
+            p.open(clean=self._clean)
+        self._topics[name] = parts
+        return parts
+
+    def create_topic(
+        self, name: str, partitions: int | None = None, replication_factor: int | None = None
+    ) -> TopicInfo:
+        check_topic_name(name)
+        self._check_writable()
+        if partitions is not None and partitions < 1:
+            raise InvalidArgument(f"a topic needs at least 1 partition, not {partitions}")
+        if replication_factor not in (None, 1):
+            raise InvalidArgument(
+                f"the embedded log keeps one copy; replication factor {replication_factor} "
+                "needs the kafka backend"
+            )
+        with self._topics_lock:
+            existing = self._topics.get(name)
+            if existing is not None:
+                return TopicInfo(name, len(existing))
+            count = partitions or self.config.default_partitions
+            topic_dir = self.directory / "topics" / name
+            topic_dir.mkdir(parents=True, exist_ok=True)
+            tmp = topic_dir / "topic.json.tmp"
+            tmp.write_text(json.dumps({"partitions": count}))
+            tmp.replace(topic_dir / "topic.json")
+            self._open_topic(name, count)
+            return TopicInfo(name, count)
+
+    def topics(self) -> list[TopicInfo]:
+        self._check_open()
+        if self.read_only:
+            with self._topics_lock:
+                self._load_topics()
+        return [TopicInfo(n, len(p)) for n, p in sorted(self._topics.items())]
+
+    def topic(self, name: str) -> TopicInfo:
+        return TopicInfo(name, len(self._partitions(name)))
+
+    def _partitions(self, topic: str) -> list[Partition]:
+        self._check_open()
+        parts = self._topics.get(topic)
+        if parts is None and self.read_only:
+            with self._topics_lock:
+                self._load_topics()
+            parts = self._topics.get(topic)
+        if parts is None:
+            check_topic_name(topic)
+            raise UnknownTopic(f"topic {topic!r} does not exist")
+        return parts
+
+    def _partition(self, topic: str, partition: int) -> Partition:
+        parts = self._partitions(topic)
+        if not 0 <= partition < len(parts):
+            raise UnknownPartition(
+                f"topic {topic!r} has no partition {partition} (it has {len(parts)})"
+            )
+        return parts[partition]
+
+    # -- writing --------------------------------------------------------------------------
+    def append(self, topic: str, messages: Sequence[Message]) -> Future[list[Position]]:
+        self._check_writable()
+        parts = self._topics.get(topic)
+        if parts is None:
+            if not self.config.auto_create_topics:
+                check_topic_name(topic)
+                raise UnknownTopic(
+                    f"topic {topic!r} does not exist and bus.embedded.auto_create_topics is off"
+                )
+            parts = self._partitions(self.create_topic(topic).name)
+        validate_batch(topic, messages, self.config.max_record_bytes)
+        future: Future[list[Position]] = Future()
+        if not messages:
+            future.set_result([])
+            return future
+        groups = self._partitioner.split(topic, len(parts), messages)
+        stamp = now_ms()
+        if len(groups) == 1:
+            ((p, _),) = groups.items()
+            batch = fmt.encode(messages, stamp)
+            base = parts[p].append(batch)
+            self._durability.written(parts[p], _single(future, p, base, len(messages)))
+        else:  # encode every part first: a failure then appends nothing
+            batches = {
+                p: fmt.encode([messages[i] for i in idx], stamp) for p, idx in groups.items()
+            }
+            positions: list[Position | None] = [None] * len(messages)
+            gather = _Gather(future, positions, len(groups))
+            for p, idx in groups.items():
+                base = parts[p].append(batches[p])
+                for j, i in enumerate(idx):
+                    positions[i] = Position(p, base + j)
+                self._durability.written(parts[p], gather.done)
+        if self._durability.policy != "always":
+            self._notify_arrivals()
+        return future
+
+    def flush(self, timeout: float | None = None) -> None:
+        self._check_open()
+        if self.read_only:
+            return
+        for parts in list(self._topics.values()):
+            for p in parts:
+                p.mark_durable(p.sync())
+
+    def _notify_arrivals(self) -> None:
+        with self._arrivals:
+            self.arrival_generation += 1
+            self._arrivals.notify_all()
+
+    def wait_for_arrivals(self, since: int, timeout: float) -> None:
+        """Block until records arrive after ``arrival_generation`` was ``since``, at most
+        ``timeout`` seconds. Read-only, another process writes: look again shortly."""
+        if self.read_only:
+            time.sleep(min(timeout, 0.05))
+            return
+        with self._arrivals:
+            self._arrivals.wait_for(
+                lambda: self.arrival_generation != since or self._closed, timeout
+            )
+
+    # -- reading --------------------------------------------------------------------------
+    def _visible(self, p: Partition) -> int:
+        if self.read_only:
+            p.refresh()
+        return p.durable_offset
+
+    def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_records: int = 1000,
+        max_bytes: int | None = None,
+    ) -> list[Record]:
+        if max_records < 1:
+            raise InvalidArgument(f"max_records must be at least 1, not {max_records}")
+        p = self._partition(topic, partition)
+        return p.read(offset, max_records, max_bytes, self._visible(p))
+
+    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        p = self._partition(topic, partition)
+        return p.watermarks(self._visible(p))
+
+    # -- groups ---------------------------------------------------------------------------
+    def commit(self, group: str, offsets: Mapping[TopicPartition, int]) -> None:
+        self._check_writable()
+        if not group:
+            raise InvalidArgument("group name must not be empty")
+        for (topic, partition), offset in offsets.items():
+            low, high = self.watermarks(topic, partition)
+            if not low <= offset <= high:
+                raise InvalidArgument(
+                    f"offset {offset} for {topic}/{partition} is outside the log ({low} to {high})"
+                )
+        self._offsets.commit(group, offsets)
+
+    def committed(
+        self, group: str, topics: Sequence[str] | None = None
+    ) -> dict[TopicPartition, int]:
+        self._check_open()
+        if self.read_only:
+            self._offsets.reload()
+        return self._offsets.committed(group, topics)
+
+    def groups(self) -> list[str]:
+        self._check_open()
+        if self.read_only:
+            self._offsets.reload()
+        return self._offsets.groups()
+
+    def consumer(self, group: str, topics: Sequence[str]) -> Consumer:
+        return EmbeddedConsumer(self, group, topics)
+
+    # -- maintenance ----------------------------------------------------------------------
+    def compact(self, topic: str | None = None) -> list[CompactionResult]:
+        self._check_writable()
+        names = [topic] if topic is not None else sorted(self._topics)
+        results = []
+        for name in names:
+            for p in self._partitions(name):
+                cutoff = self._offsets.lowest(name, p.index)
+                results.append(compact_partition(p, p.durable_offset if cutoff is None else cutoff))
+        return results
+
+    def enforce_retention(self) -> int:
+        """Delete closed segments past the retention limits; return how many were deleted."""
+        self._check_writable()
+        deleted = 0
+        stamp = now_ms()
+        for name, parts in list(self._topics.items()):
+            for p in parts:
+                protect = (
+                    self._offsets.lowest(name, p.index)
+                    if self.config.retention.respect_writers
+                    else None
+                )
+                deleted += p.enforce_retention(stamp, protect)
+        return deleted
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._durability.close()
+        self._offsets.close()
+        for parts in self._topics.values():
+            for p in parts:
+                p.close(clean=True)
+        if not self.read_only:
+            (self.directory / "CLEAN").touch()
+        self._notify_arrivals()
+        if self._lock is not None:
+            self._lock.release()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BusClosed(f"the log at {self.directory} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.read_only:
+            raise InvalidArgument(f"the log at {self.directory} is open read-only")
+
+
+def _single(future: Future[list[Position]], p: int, base: int, n: int):  # noqa: ANN202
+    def done(error: BaseException | None) -> None:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            new = tuple.__new__
+            future.set_result([new(Position, (p, o)) for o in range(base, base + n)])
+
+    return done
+
+
+class _Gather:
+    """Resolves one future once every partition of a multi-partition append is durable."""
+
+    def __init__(
+        self, future: Future[list[Position]], positions: list[Position | None], parts: int
+    ) -> None:
+        self._future = future
+        self._positions = positions
+        self._left = parts
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def done(self, error: BaseException | None) -> None:
+        with self._lock:
+            self._left -= 1
+            self._error = self._error or error
+            if self._left:
+                return
+        if self._error is not None:
+            self._future.set_exception(self._error)
+        else:
+            self._future.set_result(self._positions)  # type: ignore[arg-type]

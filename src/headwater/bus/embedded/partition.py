@@ -1,0 +1,272 @@
+"""A partition of a topic: an ordered run of segments, the last one active.
+
+Appends are serialised by the partition's lock and go to the active segment, which rolls once it
+reaches ``segment_bytes``. Readers see records up to the high watermark: under ``always``
+durability that is what has been fdatasync'd, otherwise what has been written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from bisect import bisect_right
+from collections.abc import Callable
+from pathlib import Path
+
+from headwater.bus.embedded import format as fmt
+from headwater.bus.embedded.config import EmbeddedBusConfig
+from headwater.bus.embedded.segment import BadBatchAt, Segment
+from headwater.bus.errors import OffsetOutOfRange
+from headwater.bus.records import Record
+
+log = logging.getLogger(__name__)
+
+
+class Partition:
+    def __init__(
+        self,
+        topic: str,
+        index: int,
+        directory: Path,
+        config: EmbeddedBusConfig,
+        *,
+        writable: bool,
+    ) -> None:
+        self.topic = topic
+        self.index = index
+        self.directory = directory
+        self.config = config
+        self.writable = writable
+        self.lock = threading.Lock()
+        self.maintenance = threading.Lock()  # compaction and retention, one at a time
+        self.segments: list[Segment] = []
+        self.bases: list[int] = []
+        self.next_offset = 0
+        self.durable_offset = 0
+        self._dirty = False
+        self._unsynced: list[Segment] = []  # rolled segments whose data is not yet durable
+
+    # -- opening ----------------------------------------------------------------------------
+    def open(self, *, clean: bool) -> None:
+        """Load the segments. After an unclean shutdown the active segment is scanned and a torn
+        or corrupt tail batch is truncated (a writable open only)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for stray in self.directory.glob("*.cleaned"):
+            if self.writable:
+                stray.unlink()
+        bases = sorted(int(p.stem) for p in self.directory.glob("*.log"))
+        if not bases and self.writable:
+            bases = [0]
+        interval = self.config.index_interval_bytes
+        for i, base in enumerate(bases):
+            seg = Segment(self.directory, base, writable=self.writable)
+            last = i == len(bases) - 1
+            if last and self.writable and not clean:
+                cut = seg.recover_tail(interval)
+                if cut:
+                    log.warning("truncated a torn tail of %d bytes from %s", cut, seg.path)
+            elif last and not self.writable:
+                seg.open_tail(interval)  # another process may be appending to it
+            else:
+                try:
+                    seg.open_existing(interval, trust_index=not last or clean)
+                except BadBatchAt as bad:
+                    raise bad.as_corrupt() from None
+            if last and self.writable:
+                seg.remove_index()  # the active segment's index is rewritten on clean close
+            self.segments.append(seg)
+            self.bases.append(base)
+        if self.segments:
+            self.next_offset = self.segments[-1].next_offset
+        self.durable_offset = self.next_offset
+
+    def refresh(self) -> None:
+        """Read-only: pick up segments and records another process has written since."""
+        on_disk = sorted(int(p.stem) for p in self.directory.glob("*.log"))
+        with self.lock:
+            if on_disk != self.bases:
+                known = {s.base_offset: s for s in self.segments}
+                fresh: list[Segment] = []
+                for base in on_disk:
+                    seg = known.pop(base, None)
+                    if seg is None:
+                        seg = Segment(self.directory, base, writable=False)
+                        seg.open_existing(self.config.index_interval_bytes, trust_index=False)
+                    fresh.append(seg)
+                for gone in known.values():
+                    gone.close()
+                self.segments, self.bases = fresh, on_disk
+            if self.segments:
+                self.segments[-1].refresh_tail()
+                self.next_offset = self.durable_offset = self.segments[-1].next_offset
+
+    # -- writing ----------------------------------------------------------------------------
+    def append(self, batch: fmt.EncodedBatch) -> int:
+        """Write one encoded batch; return its base offset."""
+        with self.lock:
+            seg = self.segments[-1]
+            if seg.size >= self.config.segment_bytes:
+                seg = self._roll()
+            base = self.next_offset
+            data = fmt.frame(batch, base)
+            nxt = base + batch.last_offset_delta + 1
+            seg.append(data, base, nxt, batch.count, batch.max_timestamp)
+            self.next_offset = nxt
+            self._dirty = True
+            return base
+
+    def _roll(self) -> Segment:
+        old = self.segments[-1]
+        old.write_index()
+        self._unsynced.append(old)
+        seg = Segment(self.directory, self.next_offset, writable=True)
+        seg.open_existing(self.config.index_interval_bytes, trust_index=False)
+        self.segments.append(seg)
+        self.bases.append(seg.base_offset)
+        sync_dir(self.directory)
+        return seg
+
+    def sync(self) -> int:
+        """fdatasync what has been written; return the offset it is now durable up to."""
+        with self.lock:
+            if not self._dirty:
+                return self.next_offset
+            self._dirty = False
+            upto = self.next_offset
+            segs = [*self._unsynced, self.segments[-1]]
+            self._unsynced = []
+        for seg in segs:
+            seg.sync()
+        return upto
+
+    def mark_durable(self, upto: int) -> None:
+        if upto > self.durable_offset:
+            self.durable_offset = upto
+
+    # -- reading ----------------------------------------------------------------------------
+    def watermarks(self, visible: int) -> tuple[int, int]:
+        low = self.bases[0] if self.bases else 0
+        return low, visible
+
+    def read(
+        self, offset: int, max_records: int, max_bytes: int | None, visible: int
+    ) -> list[Record]:
+        low, high = self.watermarks(visible)
+        if offset < low or offset > high:
+            raise OffsetOutOfRange(
+                f"offset {offset} is out of range for {self.topic}/{self.index}: "
+                f"readable offsets are {low} to {high} (exclusive)"
+            )
+        out: list[Record] = []
+        budget = max_bytes if max_bytes is not None else 1 << 62
+        i = bisect_right(self.bases, offset) - 1
+        while offset < high and len(out) < max_records and budget > 0:
+            seg = self.segments[i] if 0 <= i < len(self.segments) else None
+            if seg is None or not seg.acquire():
+                break
+            try:
+                offset, budget = self._read_segment(seg, offset, high, max_records, budget, out)
+            finally:
+                seg.release()
+            i += 1
+        return out
+
+    def _read_segment(
+        self,
+        seg: Segment,
+        offset: int,
+        high: int,
+        max_records: int,
+        budget: int,
+        out: list[Record],
+    ) -> tuple[int, int]:
+        try:
+            for _, header, buf, at in seg.batches(seg.position_for(offset), seg.size, verify=True):
+                if header.next_offset <= offset:
+                    continue
+                if header.base_offset >= high:
+                    break
+                records = fmt.decode_records(self.topic, self.index, buf, at, header, offset)
+                room = max_records - len(out)
+                if records and records[-1].offset >= high:
+                    records = [r for r in records if r.offset < high]
+                if len(records) > room:
+                    records = records[:room]
+                out += records
+                budget -= header.length
+                offset = records[-1].offset + 1 if records else header.next_offset
+                if len(out) >= max_records or budget <= 0:
+                    return offset, budget
+                offset = max(offset, header.next_offset)
+        except BadBatchAt as bad:
+            raise bad.as_corrupt() from None
+        return max(offset, seg.next_offset), budget
+
+    # -- maintenance ------------------------------------------------------------------------
+    def closed_segments(self) -> list[Segment]:
+        with self.lock:
+            return self.segments[:-1]
+
+    def replace_segment(self, old: Segment, make_new: Callable[[], Segment]) -> None:
+        """Swap a closed segment for its rewritten file (compaction)."""
+        with self.lock:
+            i = self.segments.index(old)
+            self.segments[i] = make_new()
+        old.close()
+
+    def enforce_retention(self, now_ms: int, protect_from: int | None) -> int:
+        """Delete closed segments beyond the retention limits; return how many."""
+        cfg = self.config.retention
+        if cfg.bytes is None and cfg.ms is None:
+            return 0
+        deleted = 0
+        with self.maintenance, self.lock:
+            total = sum(s.size for s in self.segments)
+            while len(self.segments) > 1:
+                seg = self.segments[0]
+                too_big = cfg.bytes is not None and total > cfg.bytes
+                too_old = cfg.ms is not None and seg.max_timestamp < now_ms - cfg.ms
+                if not (too_big or too_old):
+                    break
+                if protect_from is not None and seg.next_offset > protect_from:
+                    break
+                self.segments.pop(0)
+                self.bases.pop(0)
+                total -= seg.size
+                seg.delete()
+                deleted += 1
+        if deleted:
+            sync_dir(self.directory)
+        return deleted
+
+    def close(self, *, clean: bool) -> None:
+        with self.lock:
+            segments = list(self.segments)
+            unsynced, self._unsynced = self._unsynced, []
+        if self.writable:
+            for seg in [*unsynced, segments[-1]] if segments else unsynced:
+                seg.sync()
+            if clean and segments:
+                segments[-1].write_index()
+        for seg in segments:
+            seg.close()
+
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    def record_count(self) -> int:
+        return sum(s.records for s in self.segments)
+
+
+def sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
