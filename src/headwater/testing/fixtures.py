@@ -1,1 +1,47 @@
-"""pytest fixtures for the real services headwater's tests use (registered as a pytest plugin)."""
+"""pytest fixtures for the real services headwater's tests use (registered as a pytest plugin).
+
+Each service is started once per test session, and only when a test asks for its fixture:
+
+- ``postgres_service``: a throwaway PostgreSQL 15 cluster (:class:`PostgresService`)
+- ``redis_service``: a throwaway Redis server (:class:`RedisService`)
+- ``kafka_broker``: the Kafka-protocol test broker (:class:`BrokerService`)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from headwater.testing.broker import BrokerService
+    from headwater.testing.postgres import PostgresService
+    from headwater.testing.redis import RedisService
+
+
+@pytest.fixture(scope="session")
+def postgres_service() -> Iterator[PostgresService]:
+    """A PostgreSQL cluster on a free loopback port, shared by the whole session."""
+    from headwater.testing.postgres import start_postgres
+
+    with start_postgres() as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
+def redis_service() -> Iterator[RedisService]:
+    """A Redis server on a free loopback port, shared by the whole session."""
+    from headwater.testing.redis import start_redis
+
+    with start_redis() as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[BrokerService]:
+    """The Kafka-protocol test broker on a free loopback port, shared by the whole session."""
+    from headwater.testing.broker import start_broker
+
+    with start_broker() as service:
+        yield service

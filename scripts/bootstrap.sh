@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Install what headwater needs to run and to test, idempotently:
+#   - system packages (Java 17, PostgreSQL 15 server, Redis, the PostgreSQL JDBC driver) via apt,
+#     running `apt-get update` only when something is missing;
+#   - the virtualenv .venv (Python 3.11 or newer);
+#   - the package itself, editable with the `dev` extra, reinstalled only when pyproject.toml
+#     changed since the last install (a hash stamp is kept inside .venv).
+# When everything is already there it does no network access and takes well under a second.
+#
+# Run it directly (`scripts/bootstrap.sh`) or let scripts/up and scripts/test run it.
+# Environment:
+#   HEADWATER_SKIP_SYSTEM_PACKAGES=1   do not check or install system packages
+#   HEADWATER_PYTHON=/path/to/python   the interpreter to create .venv with
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.headwater-install-stamp"
+
+# Debian package -> a file it provides, checked when dpkg cannot be asked.
+declare -A SYSTEM_PACKAGES=(
+    [openjdk-17-jre-headless]=/usr/bin/java
+    [postgresql-15]=/usr/lib/postgresql/15/bin/initdb
+    [redis-server]=/usr/bin/redis-server
+    [libpostgresql-jdbc-java]=/usr/share/java/postgresql.jar
+)
+
+say() { printf 'bootstrap: %s\n' "$*" >&2; }
+die() {
+    printf 'bootstrap: error: %s\n' "$*" >&2
+    exit 1
+}
+
+# Run a command as root: directly if we are root, else through sudo (prompting only on a tty).
+as_root() {
+    if [[ $EUID -eq 0 ]]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        if [[ -t 0 ]]; then
+            sudo "$@"
+        else
+            sudo -n "$@"
+        fi
+    else
+        return 127
+    fi
+}
+
+# Prints the packages of "$@" that are not installed.
+missing_packages() {
+    local pkg status
+    for pkg in "$@"; do
+        if command -v dpkg-query >/dev/null 2>&1; then
+            status="$(dpkg-query -W -f='${db:Status-Abbrev}' "$pkg" 2>/dev/null || true)"
+            [[ $status == ii* ]] && continue
+        elif [[ -e ${SYSTEM_PACKAGES[$pkg]:-/nonexistent} ]]; then
+            continue
+        fi
+        printf '%s\n' "$pkg"
+    done
+}
+
+install_system_packages() {
+    local -a missing
+    mapfile -t missing < <(missing_packages "$@")
+    ((${#missing[@]} == 0)) && return 0
+
+    local hint="apt-get update && apt-get install -y --no-install-recommends ${missing[*]}"
+    command -v apt-get >/dev/null 2>&1 ||
+        die "missing system packages (${missing[*]}) and apt-get is not available; install them by hand: $hint"
+    if [[ $EUID -ne 0 ]] && ! command -v sudo >/dev/null 2>&1; then
+        die "missing system packages (${missing[*]}); not root and no sudo: as root run: $hint"
+    fi
+
+    say "installing system packages: ${missing[*]} (this can take a minute)"
+    local -a apt=(env DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=300)
+    local log
+    log="$(mktemp "${TMPDIR:-/tmp}/headwater-apt.XXXXXX")"
+    if ! as_root "${apt[@]}" update >"$log" 2>&1; then
+        tail -n 30 "$log" >&2
+        die "apt-get update failed (full output in $log); as root run: $hint"
+    fi
+    if ! as_root "${apt[@]}" install -y --no-install-recommends "${missing[@]}" >"$log" 2>&1; then
+        tail -n 30 "$log" >&2
+        die "apt-get install failed (full output in $log); as root run: $hint"
+    fi
+    rm -f "$log"
+
+    mapfile -t missing < <(missing_packages "$@")
+    ((${#missing[@]} == 0)) || die "still missing after apt-get install: ${missing[*]}"
+}
+
+# Prints the path of a python >= 3.11, or nothing.
+find_python() {
+    local candidate path
+    for candidate in "${HEADWATER_PYTHON:-}" python3.13 python3.12 python3.11 python3; do
+        [[ -n $candidate ]] || continue
+        path="$(command -v "$candidate" 2>/dev/null)" || continue
+        if "$path" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            printf '%s\n' "$path"
+            return 0
+        fi
+    done
+    return 1
+}
+
+ensure_venv() {
+    if [[ -x $VENV/bin/python ]] && "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+        return 0
+    fi
+    if [[ -e $VENV ]]; then
+        say "$VENV is broken or older than Python 3.11; recreating it"
+        rm -rf "$VENV"
+    fi
+
+    local python
+    python="$(find_python)" || die "no Python 3.11 or newer found (looked for python3.13, python3.12, python3.11, python3); install one, or set HEADWATER_PYTHON"
+    say "creating $VENV with $python ($("$python" --version 2>&1))"
+    if ! "$python" -m venv "$VENV" 2>/dev/null; then
+        rm -rf "$VENV"
+        # Debian's own python3 needs python3-venv for ensurepip.
+        if [[ $python == /usr/bin/* ]] && command -v apt-get >/dev/null 2>&1; then
+            install_system_packages python3-venv
+        fi
+        "$python" -m venv "$VENV" || die "could not create $VENV with $python"
+    fi
+}
+
+ensure_package() {
+    local want have=""
+    want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+    [[ -f $STAMP ]] && have="$(<"$STAMP")"
+    [[ $want == "$have" ]] && return 0
+
+    say "installing headwater and its dev dependencies into $VENV"
+    rm -f "$STAMP"
+    (cd "$ROOT" && "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[dev]') ||
+        die "pip install -e '.[dev]' failed (see above)"
+    printf '%s\n' "$want" >"$STAMP"
+}
+
+main() {
+    # One bootstrap at a time for this checkout (scripts/up and scripts/test may race).
+    if command -v flock >/dev/null 2>&1; then
+        local lock
+        lock="${TMPDIR:-/tmp}/headwater-bootstrap-$(printf '%s' "$ROOT" | sha256sum | cut -c1-16).lock"
+        exec 9>"$lock"
+        flock 9
+    fi
+
+    if [[ ${HEADWATER_SKIP_SYSTEM_PACKAGES:-0} != 1 ]]; then
+        install_system_packages "${!SYSTEM_PACKAGES[@]}"
+    fi
+    ensure_venv
+    ensure_package
+}
+
+main "$@"
