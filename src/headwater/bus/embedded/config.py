@@ -37,7 +37,7 @@ class EmbeddedBusConfig(Section):
         200, gt=0, description="How often `interval` durability calls fdatasync."
     )
     segment_bytes: int = Field(
-        GiB, ge=4096, description="Roll to a new segment file once the active one reaches this."
+        GiB, ge=1024, description="Roll to a new segment file once the active one reaches this."
     )
     index_interval_bytes: int = Field(
         4096, gt=0, description="Add a sparse index entry every this many bytes of a segment."

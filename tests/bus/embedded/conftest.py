@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from headwater.bus.embedded.backend import EmbeddedBus
+from headwater.bus.embedded.config import EmbeddedBusConfig
+
+OpenLog = Callable[..., EmbeddedBus]
+
+
+@pytest.fixture
+def open_log(tmp_path: Path) -> Iterator[OpenLog]:
+    """Open (and at the end close) embedded logs under one directory."""
+    opened: list[EmbeddedBus] = []
+
+    def _open(read_only: bool = False, **config: object) -> EmbeddedBus:
+        bus = EmbeddedBus(tmp_path / "log", EmbeddedBusConfig(**config), read_only=read_only)
+        opened.append(bus)
+        return bus
+
+    yield _open
+    for bus in opened:
+        bus.close()
