@@ -48,15 +48,16 @@ def test_reads_while_appends_continue(open_log: OpenLog) -> None:
     thread.start()
     seen: list[int] = []
     try:
-        while len(seen) < total:
-            writer_alive = thread.is_alive()
-            records = bus.read("t", 0, len(seen), max_records=300)
-            for r in records:
-                if r.value[:8] != f"{r.offset:08d}".encode():
-                    errors.append(r.offset)
-            seen += [r.offset for r in records]
-            if not records:
-                assert writer_alive, "the writer finished but records are missing"
+        with bus.consumer("reader", ["t"]) as consumer:
+            while len(seen) < total:
+                writer_alive = thread.is_alive()
+                records = consumer.poll(300, timeout=5)
+                for r in records:
+                    if r.value[:8] != f"{r.offset:08d}".encode():
+                        errors.append(r.offset)
+                seen += [r.offset for r in records]
+                if not records:
+                    assert writer_alive, "the writer finished but records are missing"
     finally:
         thread.join()
     assert seen == list(range(total))

@@ -24,10 +24,10 @@ from headwater.bus.embedded import format as fmt
 from headwater.bus.embedded.compaction import compact_partition
 from headwater.bus.embedded.config import EmbeddedBusConfig
 from headwater.bus.embedded.consumer import EmbeddedConsumer
-from headwater.bus.embedded.durability import Durability
 from headwater.bus.embedded.lock import DirectoryLock
 from headwater.bus.embedded.offsets import GroupOffsets
 from headwater.bus.embedded.partition import Partition, now_ms
+from headwater.bus.embedded.writer import Done, LogWriter
 from headwater.bus.errors import (
     BusClosed,
     InvalidArgument,
@@ -83,11 +83,12 @@ class EmbeddedBus(Bus):
                 self.config.offsets_flush_interval_ms / 1000,
                 writable=not read_only,
             )
-            self._durability = Durability(
-                "never" if read_only else self.config.durability,
+            self._writer = LogWriter(
+                self.config.durability,
                 self.config.flush_interval_ms / 1000,
+                self.config.max_pending_bytes,
+                self._notify_arrivals,
             )
-            self._durability.on_durable = self._notify_arrivals
         except BaseException:
             if self._lock is not None:
                 self._lock.release()
@@ -198,28 +199,21 @@ class EmbeddedBus(Bus):
         stamp = now_ms()
         if len(groups) == 1:
             ((p, _),) = groups.items()
-            batch = fmt.encode(messages, stamp)
-            base = parts[p].append(batch)
-            self._durability.written(parts[p], _single(future, p, base, len(messages)))
-        else:  # encode every part first: a failure then appends nothing
-            batches = {
-                p: fmt.encode([messages[i] for i in idx], stamp) for p, idx in groups.items()
-            }
-            positions: list[Position | None] = [None] * len(messages)
-            gather = _Gather(future, positions, len(groups))
-            for p, idx in groups.items():
-                base = parts[p].append(batches[p])
-                for j, i in enumerate(idx):
-                    positions[i] = Position(p, base + j)
-                self._durability.written(parts[p], gather.done)
-        if self._durability.policy != "always":
-            self._notify_arrivals()
+            items = [(parts[p], fmt.encode(messages, stamp), _single(future, p, len(messages)))]
+        else:  # every part is encoded before any is queued: a failure then appends nothing
+            gather = _Gather(future, len(messages), len(groups))
+            items = [
+                (parts[p], fmt.encode([messages[i] for i in idx], stamp), gather.part(p, idx))
+                for p, idx in groups.items()
+            ]
+        self._writer.submit(items)
         return future
 
     def flush(self, timeout: float | None = None) -> None:
         self._check_open()
         if self.read_only:
             return
+        self._writer.wait_idle(timeout)
         for parts in list(self._topics.values()):
             for p in parts:
                 p.mark_durable(p.sync())
@@ -323,7 +317,7 @@ class EmbeddedBus(Bus):
         if self._closed:
             return
         self._closed = True
-        self._durability.close()
+        self._writer.close()
         self._offsets.close()
         for parts in self._topics.values():
             for p in parts:
@@ -344,8 +338,8 @@ class EmbeddedBus(Bus):
             raise InvalidArgument(f"the log at {self.directory} is open read-only")
 
 
-def _single(future: Future[list[Position]], p: int, base: int, n: int):  # noqa: ANN202
-    def done(error: BaseException | None) -> None:
+def _single(future: Future[list[Position]], p: int, n: int) -> Done:
+    def done(base: int, error: BaseException | None) -> None:
         if error is not None:
             future.set_exception(error)
         else:
@@ -358,22 +352,26 @@ def _single(future: Future[list[Position]], p: int, base: int, n: int):  # noqa:
 class _Gather:
     """Resolves one future once every partition of a multi-partition append is durable."""
 
-    def __init__(
-        self, future: Future[list[Position]], positions: list[Position | None], parts: int
-    ) -> None:
+    def __init__(self, future: Future[list[Position]], n: int, parts: int) -> None:
         self._future = future
-        self._positions = positions
+        self._positions: list[Position] = [Position(-1, -1)] * n
         self._left = parts
         self._error: BaseException | None = None
         self._lock = threading.Lock()
 
-    def done(self, error: BaseException | None) -> None:
-        with self._lock:
-            self._left -= 1
-            self._error = self._error or error
-            if self._left:
-                return
-        if self._error is not None:
-            self._future.set_exception(self._error)
-        else:
-            self._future.set_result(self._positions)  # type: ignore[arg-type]
+    def part(self, p: int, idx: list[int]) -> Done:
+        def done(base: int, error: BaseException | None) -> None:
+            with self._lock:
+                if error is None:
+                    for j, i in enumerate(idx):
+                        self._positions[i] = Position(p, base + j)
+                self._error = self._error or error
+                self._left -= 1
+                if self._left:
+                    return
+            if self._error is not None:
+                self._future.set_exception(self._error)
+            else:
+                self._future.set_result(self._positions)
+
+        return done

@@ -45,6 +45,12 @@ class EmbeddedBusConfig(Section):
     max_record_bytes: int = Field(
         MiB, gt=0, description="Largest record (key + value + headers) accepted."
     )
+    max_pending_bytes: int = Field(
+        64 * MiB,
+        gt=0,
+        description="Bytes queued for the log's writer beyond which appends are refused "
+        "(backpressure: the collector answers 503).",
+    )
     default_partitions: int = Field(2, ge=1, le=10_000, description="Partitions of new topics.")
     auto_create_topics: bool = Field(
         True, description="Create a topic on its first append instead of rejecting it."

@@ -44,7 +44,8 @@ class Partition:
         self.segments: list[Segment] = []
         self.bases: list[int] = []
         self.next_offset = 0
-        self.durable_offset = 0
+        self.durable_offset = 0  # readers see records below this
+        self.synced_offset = 0  # fdatasync'd up to here
         self._dirty = False
         self._unsynced: list[Segment] = []  # rolled segments whose data is not yet durable
 
@@ -80,7 +81,7 @@ class Partition:
             self.bases.append(base)
         if self.segments:
             self.next_offset = self.segments[-1].next_offset
-        self.durable_offset = self.next_offset
+        self.durable_offset = self.synced_offset = self.next_offset
 
     def refresh(self) -> None:
         """Read-only: pick up segments and records another process has written since."""
@@ -103,19 +104,32 @@ class Partition:
                 self.next_offset = self.durable_offset = self.segments[-1].next_offset
 
     # -- writing ----------------------------------------------------------------------------
-    def append(self, batch: fmt.EncodedBatch) -> int:
-        """Write one encoded batch; return its base offset."""
+    def write(self, batches: list[fmt.EncodedBatch]) -> list[int]:
+        """Frame and write batches (one ``write`` per segment); return their base offsets."""
+        limit = self.config.segment_bytes
+        bases: list[int] = []
         with self.lock:
             seg = self.segments[-1]
-            if seg.size >= self.config.segment_bytes:
-                seg = self._roll()
-            base = self.next_offset
-            data = fmt.frame(batch, base)
-            nxt = base + batch.last_offset_delta + 1
-            seg.append(data, base, nxt, batch.count, batch.max_timestamp)
-            self.next_offset = nxt
+            frames: list[bytes] = []
+            entries: list[tuple[int, int, int, int]] = []
+            at = 0
+            for batch in batches:
+                if seg.size + at >= limit and (seg.size or at):
+                    if frames:
+                        seg.append(b"".join(frames), entries, self.next_offset)
+                        frames, entries, at = [], [], 0
+                    seg = self._roll()
+                base = self.next_offset
+                data = fmt.frame(batch, base)
+                frames.append(data)
+                entries.append((base, at, batch.count, batch.max_timestamp))
+                at += len(data)
+                self.next_offset = base + batch.last_offset_delta + 1
+                bases.append(base)
+            if frames:
+                seg.append(b"".join(frames), entries, self.next_offset)
             self._dirty = True
-            return base
+        return bases
 
     def _roll(self) -> Segment:
         old = self.segments[-1]
@@ -129,16 +143,23 @@ class Partition:
         return seg
 
     def sync(self) -> int:
-        """fdatasync what has been written; return the offset it is now durable up to."""
+        """fdatasync what has been written; return (and remember in ``synced_offset``) the
+        offset it is now durable up to."""
         with self.lock:
             if not self._dirty:
-                return self.next_offset
+                return self.synced_offset
             self._dirty = False
             upto = self.next_offset
             segs = [*self._unsynced, self.segments[-1]]
             self._unsynced = []
-        for seg in segs:
-            seg.sync()
+        try:
+            for seg in segs:
+                seg.sync()
+        except OSError:
+            with self.lock:
+                self._dirty = True
+            raise
+        self.synced_offset = max(self.synced_offset, upto)
         return upto
 
     def mark_durable(self, upto: int) -> None:

@@ -135,8 +135,10 @@ class Segment:
 
     # -- writing ----------------------------------------------------------------------------
     def append(
-        self, data: bytes, base_offset: int, next_offset: int, count: int, max_ts: int
+        self, data: bytes, batches: list[tuple[int, int, int, int]], next_offset: int
     ) -> None:
+        """Write ``data`` holding ``batches`` as (base_offset, position in data, count,
+        max_timestamp)."""
         position = self.size
         written = os.write(self.fd, data)
         if written != len(data):  # a short write on a regular file: out of space or similar
@@ -144,10 +146,11 @@ class Segment:
             raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
         self.size = position + len(data)
         self.next_offset = next_offset
-        self.records += count
-        if max_ts > self.max_timestamp:
-            self.max_timestamp = max_ts
-        self._note_batch(base_offset, position)
+        for base_offset, at, count, max_ts in batches:
+            self.records += count
+            if max_ts > self.max_timestamp:
+                self.max_timestamp = max_ts
+            self._note_batch(base_offset, position + at)
 
     def _note_batch(self, base_offset: int, position: int) -> None:
         if position - self._last_indexed >= self._index_interval or not self._index_offsets:

@@ -1,0 +1,160 @@
+"""The log's writer thread: group commit for the embedded log.
+
+Appenders validate and encode their batch in their own thread and queue it here. One thread takes
+everything queued, gives each batch its offsets, writes each partition's batches with one
+``write``, then, under ``always`` durability, fdatasyncs each touched partition once and only then
+tells the appenders. Concurrent appenders so share both the write and the fdatasync.
+
+``interval`` durability fdatasyncs dirty partitions every ``flush_interval_ms`` and tells appenders
+once their batch is written; ``never`` leaves flushing to the OS. Queued bytes are bounded: past
+``max_pending_bytes`` an append is refused with ``BusUnavailable`` (backpressure), never buffered
+without limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Literal
+
+from headwater.bus.embedded import format as fmt
+from headwater.bus.embedded.partition import Partition
+from headwater.bus.errors import BusClosed, BusUnavailable
+
+log = logging.getLogger(__name__)
+
+#: Called once a batch is durable (or failed): ``(base_offset, None)`` or ``(-1, error)``.
+Done = Callable[[int, BaseException | None], None]
+
+
+class LogWriter:
+    def __init__(
+        self,
+        policy: Literal["always", "interval", "never"],
+        interval_s: float,
+        max_pending_bytes: int,
+        on_visible: Callable[[], None],
+    ) -> None:
+        self.policy = policy
+        self._interval = interval_s
+        self._max_pending = max_pending_bytes
+        self._on_visible = on_visible
+        self._cond = threading.Condition()
+        self._queue: list[tuple[Partition, fmt.EncodedBatch, Done]] = []
+        self._pending_bytes = 0
+        self._dirty: set[Partition] = set()
+        self._closing = False
+        self._busy = False
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="headwater-log-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, items: list[tuple[Partition, fmt.EncodedBatch, Done]]) -> None:
+        """Queue encoded batches (all or none)."""
+        size = sum(len(batch.body) for _, batch, _ in items)
+        with self._cond:
+            if self._closing:
+                raise BusClosed("the log is closing")
+            if self._failure is not None:
+                raise BusUnavailable(f"the log cannot write: {self._failure}")
+            if self._pending_bytes and self._pending_bytes + size > self._max_pending:
+                raise BusUnavailable(
+                    f"the log's write queue is full ({self._pending_bytes} bytes queued, "
+                    f"limit {self._max_pending}); retry shortly"
+                )
+            self._queue += items
+            self._pending_bytes += size
+            self._cond.notify()
+
+    def _run(self) -> None:
+        next_sync = time.monotonic() + self._interval
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    if self.policy == "interval" and self._dirty:
+                        left = next_sync - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
+                    else:
+                        self._cond.wait()
+                queue, self._queue = self._queue, []
+                self._pending_bytes = 0
+                closing = self._closing
+                self._busy = True
+            try:
+                self._write(queue)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+            if self.policy == "interval" and (time.monotonic() >= next_sync or closing):
+                self._sync(self._dirty)
+                self._dirty = set()
+                next_sync = time.monotonic() + self._interval
+            if closing and not queue:
+                with self._cond:
+                    if not self._queue:
+                        return
+
+    def _write(self, queue: list[tuple[Partition, fmt.EncodedBatch, Done]]) -> None:
+        if not queue:
+            return
+        by_partition: dict[Partition, list[tuple[fmt.EncodedBatch, Done]]] = {}
+        for partition, batch, done in queue:
+            by_partition.setdefault(partition, []).append((batch, done))
+        written: list[tuple[Done, int, Partition]] = []
+        failed: list[tuple[Done, BaseException]] = []
+        for partition, items in by_partition.items():
+            try:
+                bases = partition.write([batch for batch, _ in items])
+            except OSError as e:
+                log.error("write to %s/%d failed: %s", partition.topic, partition.index, e)
+                error = BusUnavailable(
+                    f"could not write to {partition.topic}/{partition.index}: {e}"
+                )
+                failed += [(done, error) for _, done in items]
+                continue
+            written += [
+                (done, base, partition) for (_, done), base in zip(items, bases, strict=True)
+            ]
+        touched = {p for _, _, p in written}
+        sync_errors = self._sync(touched) if self.policy == "always" else {}
+        for p in touched:
+            if p not in sync_errors:
+                p.mark_durable(p.next_offset if self.policy != "always" else p.synced_offset)
+        if self.policy == "interval":
+            self._dirty |= touched
+        if written:
+            self._on_visible()
+        for done, base, p in written:
+            error = sync_errors.get(p)
+            done(-1, error) if error is not None else done(base, None)
+        for done, error in failed:
+            done(-1, error)
+
+    def _sync(self, partitions: set[Partition]) -> dict[Partition, BaseException]:
+        errors: dict[Partition, BaseException] = {}
+        for p in partitions:
+            try:
+                p.sync()
+            except OSError as e:
+                # An fdatasync failure is not retried: the page cache can no longer be trusted.
+                log.error("fdatasync of %s/%d failed: %s", p.topic, p.index, e)
+                errors[p] = BusUnavailable(f"could not make {p.topic}/{p.index} durable: {e}")
+                with self._cond:
+                    self._failure = errors[p]
+        return errors
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until everything queued so far has been written."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()

@@ -1,0 +1,131 @@
+"""The produce path of the Kafka backend: one future per appended batch, resolved by the
+delivery reports that a background thread serves."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from headwater.bus.errors import BusUnavailable
+from headwater.bus.kafka.client import load_kafka
+from headwater.bus.kafka.errors import classify
+from headwater.bus.records import Message, Position
+
+_POLL_INTERVAL_S = 0.1
+
+
+class _Batch:
+    """The outcome of one ``append``: done when every message has a delivery report."""
+
+    def __init__(self, topic: str, size: int) -> None:
+        self.topic = topic
+        self.future: Future[list[Position]] = Future()
+        self._positions: list[Position | None] = [None] * size
+        self._remaining = size
+        self._error: Any = None
+        self._lock = threading.Lock()
+
+    def delivered(self, index: int, error: Any, message: Any) -> None:
+        """Delivery report of message ``index`` (librdkafka's callback, any thread)."""
+        with self._lock:
+            if error is None:
+                self._positions[index] = Position(message.partition(), message.offset())
+            elif self._error is None:
+                self._error = error
+            self._remaining -= 1
+            if self._remaining:
+                return
+        self._resolve()
+
+    def fail(self, indexes: Sequence[int], error: Any) -> None:
+        """Messages that were never handed to librdkafka."""
+        for index in indexes:
+            self.delivered(index, error, None)
+
+    def _resolve(self) -> None:
+        if self.future.done():  # cancelled by the caller
+            return
+        if self._error is not None:
+            self.future.set_exception(classify(self._error, f"appending to {self.topic!r}"))
+        else:
+            self.future.set_result([p for p in self._positions if p is not None])
+
+
+class DeliveryProducer:
+    """An idempotent ``acks=all`` producer and the thread that serves its delivery reports."""
+
+    def __init__(self, settings: Mapping[str, Any], queue_timeout_s: float) -> None:
+        kafka = load_kafka()
+        self._producer = kafka.Producer(dict(settings))
+        self._queue_timeout_s = queue_timeout_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._serve, name="headwater-kafka-delivery", daemon=True
+        )
+        self._thread.start()
+
+    def send(
+        self, topic: str, messages: Sequence[Message], partitions: Mapping[int, list[int]]
+    ) -> Future[list[Position]]:
+        """Produce ``messages`` to the partitions chosen for them, in order per partition."""
+        batch = _Batch(topic, len(messages))
+        if not messages:
+            batch.future.set_result([])
+            return batch.future
+        order = [(p, i) for p, indexes in partitions.items() for i in indexes]
+        for n, (partition, index) in enumerate(order):
+            message = messages[index]
+            try:
+                self._produce(topic, partition, message, functools.partial(batch.delivered, index))
+            except Exception as exc:  # a full queue past its timeout, or a fatal producer error
+                batch.fail([i for _, i in order[n:]], exc)
+                break
+        return batch.future
+
+    def _produce(self, topic: str, partition: int, message: Message, on_delivery: Any) -> None:
+        deadline = time.monotonic() + self._queue_timeout_s
+        while True:
+            try:
+                self._producer.produce(
+                    topic,
+                    value=message.value,
+                    key=message.key,
+                    partition=partition,
+                    headers=list(message.headers) or None,
+                    timestamp=message.timestamp or 0,
+                    on_delivery=on_delivery,
+                )
+                return
+            except BufferError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise BusUnavailable(
+                        f"the producer queue stayed full for {self._queue_timeout_s:.0f} s"
+                    ) from None
+                # Serving delivery reports is what frees the queue: wait on it, not on a timer.
+                self._producer.poll(min(remaining, _POLL_INTERVAL_S))
+
+    def flush(self, timeout: float | None) -> None:
+        remaining = self._producer.flush(-1 if timeout is None else timeout)
+        if remaining:
+            raise BusUnavailable(
+                f"{remaining} messages were not yet acknowledged after {timeout} s"
+            )
+
+    def close(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for outstanding messages, then fail what is left."""
+        try:
+            self._producer.flush(timeout)
+        finally:
+            self._producer.purge()
+            self._producer.poll(0)  # deliver the purge reports, so no future stays pending
+            self._stop.set()
+            self._thread.join()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(_POLL_INTERVAL_S)
