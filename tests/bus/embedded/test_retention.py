@@ -3,6 +3,7 @@ committed offset unless told to; the active segment always stays."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -61,3 +62,14 @@ def test_no_retention_configured_deletes_nothing(open_log: OpenLog) -> None:
     _fill(bus, 1000)
     assert bus.enforce_retention() == 0
     assert bus.watermarks("t", 0) == (0, 1000)
+
+
+def test_retention_runs_by_itself_while_the_log_is_open(open_log: OpenLog) -> None:
+    retention = RetentionConfig(bytes=4096, check_interval_ms=20)
+    bus = open_log(segment_bytes=4096, default_partitions=1, retention=retention)
+    _fill(bus, 1000)
+    deadline = time.monotonic() + 10
+    while bus.watermarks("t", 0)[0] == 0:
+        assert time.monotonic() < deadline, "retention never ran"
+        time.sleep(0.01)
+    assert bus.watermarks("t", 0)[1] == 1000

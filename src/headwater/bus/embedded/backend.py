@@ -12,6 +12,7 @@ Layout::
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -48,6 +49,8 @@ from headwater.bus.validation import validate_batch
 
 if TYPE_CHECKING:
     from headwater.config.model import HeadwaterConfig
+
+log = logging.getLogger(__name__)
 
 
 class EmbeddedBus(Bus):
@@ -93,6 +96,15 @@ class EmbeddedBus(Bus):
             if self._lock is not None:
                 self._lock.release()
             raise
+        self._stop_maintenance = threading.Event()
+        retention = self.config.retention
+        if not read_only and (retention.bytes is not None or retention.ms is not None):
+            threading.Thread(
+                target=self._maintain,
+                args=(retention.check_interval_ms / 1000,),
+                name="headwater-log-retention",
+                daemon=True,
+            ).start()
 
     @classmethod
     def from_config(cls, config: HeadwaterConfig, *, read_only: bool = False) -> Self:
@@ -313,9 +325,22 @@ class EmbeddedBus(Bus):
                 deleted += p.enforce_retention(stamp, protect)
         return deleted
 
+    def _maintain(self, interval: float) -> None:
+        while not self._stop_maintenance.wait(interval):
+            try:
+                deleted = self.enforce_retention()
+            except BusClosed:
+                return
+            except Exception:  # keep the log serving; the next round tries again
+                log.exception("retention of the log at %s failed", self.directory)
+            else:
+                if deleted:
+                    log.info("retention deleted %d segments under %s", deleted, self.directory)
+
     def close(self) -> None:
         if self._closed:
             return
+        self._stop_maintenance.set()
         self._closed = True
         self._writer.close()
         self._offsets.close()

@@ -24,6 +24,9 @@ class RetentionConfig(Section):
         True,
         description="Never delete records a registered writer (group) has not committed past.",
     )
+    check_interval_ms: int = Field(
+        60_000, gt=0, description="How often the limits are enforced while the log is open."
+    )
 
 
 class EmbeddedBusConfig(Section):

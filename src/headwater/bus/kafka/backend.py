@@ -32,6 +32,7 @@ from headwater.bus.kafka.client import (
     load_kafka,
     producer_settings,
     reader_settings,
+    topic_settings,
 )
 from headwater.bus.kafka.config import KafkaBusConfig
 from headwater.bus.kafka.consumer import PARTITION_EOF, KafkaConsumer, record_size, to_record
@@ -73,7 +74,8 @@ class KafkaBus(Bus):
 
     @classmethod
     def from_config(cls, config: HeadwaterConfig, *, read_only: bool = False) -> KafkaBus:
-        """The bus of ``config.bus.kafka``. ``read_only`` refuses appends (Kafka has no lock)."""
+        """The bus of ``config.bus.kafka``. ``read_only`` refuses creating topics, appending and
+        committing (Kafka has no lock to skip)."""
         return cls(config.bus.kafka, read_only=read_only)
 
     # -- topics ---------------------------------------------------------------------------
@@ -81,7 +83,7 @@ class KafkaBus(Bus):
         self, name: str, partitions: int | None = None, replication_factor: int | None = None
     ) -> TopicInfo:
         """Create ``name``; an existing topic is returned as it is, whatever its partitions."""
-        self._check_open()
+        self._check_writable()
         check_topic_name(name)
         partitions = self._config.default_partitions if partitions is None else partitions
         replicas = (
@@ -93,7 +95,10 @@ class KafkaBus(Bus):
                 f"(got partitions={partitions}, replication_factor={replicas})"
             )
         new_topic = self._admin_module.NewTopic(
-            name, num_partitions=partitions, replication_factor=replicas
+            name,
+            num_partitions=partitions,
+            replication_factor=replicas,
+            config=topic_settings(self._config),
         )
         futures = self._admin.create_topics(
             [new_topic], request_timeout=self._timeout, operation_timeout=self._timeout
@@ -123,9 +128,7 @@ class KafkaBus(Bus):
 
     # -- writing --------------------------------------------------------------------------
     def append(self, topic: str, messages: Sequence[Message]) -> Future[list[Position]]:
-        self._check_open()
-        if self._read_only:
-            raise InvalidArgument("the bus was opened read-only; it cannot append")
+        self._check_writable()
         check_topic_name(topic)
         validate_batch(topic, messages, self._config.max_record_bytes)
         partitions = self._partition_count(topic, create=self._config.auto_create_topics)
@@ -221,6 +224,7 @@ class KafkaBus(Bus):
     def commit(self, group: str, offsets: Mapping[TP, int]) -> None:
         """Set ``group``'s offsets, each within the log's watermarks. Kafka refuses this while
         the group has active members."""
+        self._check_writable()
         self._check_group(group)
         if not offsets:
             return
@@ -314,6 +318,11 @@ class KafkaBus(Bus):
         if self._closed:
             raise BusClosed("the Kafka bus is closed")
 
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._read_only:
+            raise InvalidArgument("the Kafka bus was opened read-only")
+
     def _check_group(self, group: str) -> None:
         if not isinstance(group, str) or not group:
             raise InvalidArgument("a group name must be a non-empty string")
@@ -369,6 +378,10 @@ class KafkaBus(Bus):
     def _delivery(self) -> DeliveryProducer:
         with self._lock:
             self._check_open()
+            broken = self._producer
+            if broken is not None and broken.fatal_error is not None:
+                self._producer = None
+                broken.close(0)  # its messages have failed already; start a fresh producer
             if self._producer is None:
                 self._producer = DeliveryProducer(producer_settings(self._config), self._timeout)
             return self._producer

@@ -11,6 +11,20 @@ from headwater.errors import MissingDependencyError
 
 # Room for the record framing and batch header on top of the largest record we accept.
 _FRAMING_BYTES = 64 * 1024
+# Kafka's default limit of a record batch (the broker's message.max.bytes).
+KAFKA_DEFAULT_BATCH_BYTES = 1_048_588
+
+
+def max_batch_bytes(config: KafkaBusConfig) -> int:
+    """The largest record batch: holds the largest record headwater accepts."""
+    return max(KAFKA_DEFAULT_BATCH_BYTES, config.max_record_bytes + _FRAMING_BYTES)
+
+
+def topic_settings(config: KafkaBusConfig) -> dict[str, str]:
+    """Topic configs of the topics headwater creates: a larger batch limit where
+    ``max_record_bytes`` needs one, else the cluster's defaults."""
+    limit = max_batch_bytes(config)
+    return {"max.message.bytes": str(limit)} if limit > KAFKA_DEFAULT_BATCH_BYTES else {}
 
 
 def load_kafka() -> ModuleType:
@@ -42,7 +56,7 @@ def producer_settings(config: KafkaBusConfig) -> dict[str, Any]:
     return {
         **_common(config),
         "linger.ms": 2,
-        "message.max.bytes": max(1_000_000, config.max_record_bytes + _FRAMING_BYTES),
+        "message.max.bytes": max_batch_bytes(config),
         # headwater decides which topics exist (with its partition count), never the broker.
         "allow.auto.create.topics": False,
         **config.producer,
@@ -53,11 +67,13 @@ def producer_settings(config: KafkaBusConfig) -> dict[str, Any]:
 
 def consumer_settings(config: KafkaBusConfig, group: str) -> dict[str, Any]:
     """A consumer of ``group`` that commits only when told to."""
+    fetch = max(52_428_800, max_batch_bytes(config))
     return {
         **_common(config),
         "auto.offset.reset": "earliest",
-        "fetch.max.bytes": max(52_428_800, config.max_record_bytes + _FRAMING_BYTES),
-        "max.partition.fetch.bytes": max(1_048_576, config.max_record_bytes + _FRAMING_BYTES),
+        "fetch.max.bytes": fetch,
+        "max.partition.fetch.bytes": max_batch_bytes(config),
+        "receive.message.max.bytes": max(100_000_000, fetch + 512),
         **config.consumer,
         "group.id": group,
         "enable.auto.commit": False,

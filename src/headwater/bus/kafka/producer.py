@@ -4,6 +4,7 @@ delivery reports that a background thread serves."""
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,7 @@ from headwater.bus.kafka.errors import classify
 from headwater.bus.records import Message, Position
 
 _POLL_INTERVAL_S = 0.1
+_log = logging.getLogger(__name__)
 
 
 class _Batch:
@@ -24,6 +26,7 @@ class _Batch:
     def __init__(self, topic: str, size: int) -> None:
         self.topic = topic
         self.future: Future[list[Position]] = Future()
+        self.future.set_running_or_notify_cancel()  # what was handed to Kafka can't be undone
         self._positions: list[Position | None] = [None] * size
         self._remaining = size
         self._error: Any = None
@@ -47,8 +50,6 @@ class _Batch:
             self.delivered(index, error, None)
 
     def _resolve(self) -> None:
-        if self.future.done():  # cancelled by the caller
-            return
         if self._error is not None:
             self.future.set_exception(classify(self._error, f"appending to {self.topic!r}"))
         else:
@@ -60,7 +61,8 @@ class DeliveryProducer:
 
     def __init__(self, settings: Mapping[str, Any], queue_timeout_s: float) -> None:
         kafka = load_kafka()
-        self._producer = kafka.Producer(dict(settings))
+        self.fatal_error: Any = None
+        self._producer = kafka.Producer({**settings, "error_cb": self._on_error})
         self._queue_timeout_s = queue_timeout_s
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -126,6 +128,15 @@ class DeliveryProducer:
             self._stop.set()
             self._thread.join()
 
+    def _on_error(self, error: Any) -> None:
+        """librdkafka's client-wide errors. Only a fatal one needs us: the producer is then
+        unusable (its pending messages fail) and must be replaced."""
+        if error.fatal():
+            self.fatal_error = error
+
     def _serve(self) -> None:
         while not self._stop.is_set():
-            self._producer.poll(_POLL_INTERVAL_S)
+            try:
+                self._producer.poll(_POLL_INTERVAL_S)
+            except Exception:  # a bug in a callback must not stop every future resolving
+                _log.exception("serving Kafka delivery reports failed")

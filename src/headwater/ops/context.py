@@ -1,0 +1,87 @@
+"""What every command shares: ``--config``, ``--format``, loading the config, opening the bus."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import click
+
+from headwater.bus import Bus, open_bus
+from headwater.config.loader import load_config
+from headwater.config.model import HeadwaterConfig
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+CONFIG_ENV = "HEADWATER_CONFIG"
+_CONFIG_KEY = "headwater.config_path"
+_CONFIG_HELP = "Config file (default: ./headwater.yaml if present, else the built-in defaults)."
+
+
+def _store_config(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    # ctx.meta is shared by the whole command chain: the innermost --config given wins.
+    if value is not None:
+        ctx.meta[_CONFIG_KEY] = value
+
+
+def group_config_option(f: F) -> F:
+    """``--config`` on the ``headwater`` group; also read from ``HEADWATER_CONFIG``."""
+    return click.option(
+        "--config",
+        "-c",
+        type=click.Path(dir_okay=False, path_type=Path),
+        envvar=CONFIG_ENV,
+        show_envvar=True,
+        expose_value=False,
+        callback=_store_config,
+        help=_CONFIG_HELP,
+    )(f)
+
+
+def config_option(f: F) -> F:
+    """``--config`` on a command; overrides the group's."""
+    return click.option(
+        "--config",
+        "-c",
+        type=click.Path(dir_okay=False, path_type=Path),
+        expose_value=False,
+        callback=_store_config,
+        help=_CONFIG_HELP,
+    )(f)
+
+
+def format_option(f: F) -> F:
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        help="text for people; json for scripts.",
+    )(f)
+
+
+def config_path(ctx: click.Context) -> Path | None:
+    """The ``--config`` given (on the group or the command), if any."""
+    return cast(Path | None, ctx.meta.get(_CONFIG_KEY))
+
+
+def cli_config(ctx: click.Context) -> HeadwaterConfig:
+    """Load the config the command line names (raises ``ConfigError``)."""
+    return load_config(config_path(ctx))
+
+
+@contextmanager
+def opened_bus(
+    ctx: click.Context, *, read_only: bool, config: HeadwaterConfig | None = None
+) -> Iterator[tuple[HeadwaterConfig, Bus]]:
+    """The configured bus, closed (flushed, offsets persisted) on the way out."""
+    if config is None:
+        config = cli_config(ctx)
+    bus = open_bus(config, read_only=read_only)
+    try:
+        yield config, bus
+    finally:
+        bus.close()
