@@ -4,6 +4,15 @@ Offsets committed for a group follow Kafka's meaning: the offset of the *next* r
 ``append`` returns a future that resolves once the batch is durable under the backend's policy
 (the embedded log's durability setting; ``acks=all`` on Kafka), with one ``Position`` per message
 in the order given.
+
+Rules every backend keeps (the contract suite in ``tests/bus/test_contract.py`` checks them):
+
+- A bus opened ``read_only`` refuses ``create_topic``, ``append`` and ``commit``.
+- ``commit`` refuses an offset outside ``[low, high]`` of its partition (``InvalidArgument``).
+- Values and header values are bytes; Kafka's null values read back as ``b""``. A message
+  timestamp of 0 means "now" on Kafka (librdkafka's rule), so use timestamps after the epoch.
+- Group offsets committed on the embedded log are seen by another process once persisted (every
+  ``offsets_flush_interval_ms`` and on close).
 """
 
 from __future__ import annotations
@@ -37,11 +46,14 @@ class Consumer(ABC):
 
     @abstractmethod
     def seek(self, tp: TopicPartition, offset: int) -> None:
-        """Read ``tp`` from ``offset`` on the next poll."""
+        """Read ``tp`` from ``offset`` on the next poll. On Kafka a seek on a partition the group
+        has not assigned yet applies once it is assigned; the embedded consumer owns every
+        partition from the start and raises ``UnknownPartition`` for one it does not read."""
 
     @abstractmethod
     def assignment(self) -> list[TopicPartition]:
-        """The partitions this consumer currently reads."""
+        """The partitions this consumer currently reads (on Kafka: empty until the group has
+        assigned them during a poll)."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -99,7 +111,8 @@ class Bus(ABC):
     ) -> list[Record]:
         """Records from ``offset`` (or the next one after it, where compaction removed it) up to
         the high watermark. Raises ``OffsetOutOfRange`` below the low or above the high
-        watermark."""
+        watermark. ``max_bytes`` is a soft limit: at least one record is returned, and a backend
+        may round up to whole stored batches."""
 
     @abstractmethod
     def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
@@ -118,7 +131,8 @@ class Bus(ABC):
 
     @abstractmethod
     def groups(self) -> list[str]:
-        """Every group that has committed offsets, sorted."""
+        """Every group that has committed offsets, sorted (Kafka also lists groups that have
+        members but no commits yet)."""
 
     @abstractmethod
     def consumer(self, group: str, topics: Sequence[str]) -> Consumer:

@@ -73,8 +73,6 @@ class EmbeddedBus(Bus):
             self.directory.mkdir(parents=True, exist_ok=True)
             self._lock = DirectoryLock(self.directory / "LOCK")
             self._lock.acquire()
-        elif not self.directory.is_dir():
-            raise UnknownTopic(f"there is no log at {self.directory}")
         try:
             clean_marker = self.directory / "CLEAN"
             self._clean = clean_marker.exists() or read_only
