@@ -1,0 +1,92 @@
+"""Durability policies: ``always`` resolves an append only once its batch is fdatasync'd, and
+concurrent appenders share fdatasyncs (group commit); ``interval`` syncs on a timer; ``never``
+leaves it to the OS."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from headwater.bus.embedded.backend import EmbeddedBus
+from headwater.bus.embedded.segment import Segment
+from headwater.bus.errors import BusUnavailable
+from headwater.bus.records import Message
+
+OpenLog = Callable[..., EmbeddedBus]
+
+
+@pytest.fixture
+def syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts fdatasync calls on segments (a spy around the real call)."""
+    calls: list[int] = []
+    real = Segment.sync
+
+    def counting(self: Segment) -> None:
+        real(self)
+        calls.append(self.next_offset)
+
+    monkeypatch.setattr(Segment, "sync", counting)
+    return calls
+
+
+def test_always_resolves_after_fdatasync_and_shares_it(
+    open_log: OpenLog, syncs: list[int]
+) -> None:
+    bus = open_log(durability="always", default_partitions=1)
+    bus.create_topic("t")
+    part = bus._topics["t"][0]
+    appends, violations = 32 * 20, []
+
+    def appender() -> None:
+        for _ in range(20):
+            future = bus.append("t", [Message(b"x" * 200) for _ in range(10)])
+            *_, last = future.result(timeout=30)
+            if syncs[-1] <= last.offset or part.synced_offset <= last.offset:
+                violations.append(last.offset)
+
+    threads = [threading.Thread(target=appender) for _ in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert violations == [], "an append resolved before its batch was fdatasync'd"
+    assert bus.watermarks("t", 0)[1] == appends * 10
+    assert len(syncs) < appends / 2, f"{len(syncs)} fdatasyncs for {appends} appends"
+
+
+def test_interval_syncs_on_a_timer(open_log: OpenLog, syncs: list[int]) -> None:
+    bus = open_log(durability="interval", flush_interval_ms=20, default_partitions=1)
+    (pos,) = bus.append("t", [Message(b"x")]).result(timeout=5)
+    deadline = time.monotonic() + 10
+    while not syncs or syncs[-1] <= pos.offset:
+        assert time.monotonic() < deadline, "no fdatasync within the interval"
+        time.sleep(0.005)
+
+
+def test_never_leaves_flushing_to_the_os_until_close(open_log: OpenLog, syncs: list[int]) -> None:
+    bus = open_log(durability="never", default_partitions=1)
+    for _ in range(50):
+        bus.append("t", [Message(b"x" * 100)]).result(timeout=5)
+    assert bus.read("t", 0, 0, max_records=100)[-1].offset == 49
+    assert syncs == []
+    bus.close()
+    assert syncs, "close makes everything durable"
+
+
+def test_a_full_write_queue_refuses_appends_instead_of_buffering(open_log: OpenLog) -> None:
+    bus = open_log(durability="always", default_partitions=1, max_pending_bytes=10_000)
+    bus.create_topic("t")
+    refused = 0
+    futures = []
+    for _ in range(2000):
+        try:
+            futures.append(bus.append("t", [Message(b"x" * 1000)]))
+        except BusUnavailable as e:
+            assert "write queue is full" in str(e) and e.transient
+            refused += 1
+    positions = [f.result(timeout=30)[0].offset for f in futures]
+    assert refused > 0
+    assert positions == list(range(len(futures))), "every accepted append was stored, in order"
