@@ -92,7 +92,7 @@ class Bus(ABC):
 
     # -- writing --------------------------------------------------------------------------
     @abstractmethod
-    def append(self, topic: str, messages: Sequence[Message]) -> Future[list[Position]]:
+    def append(self, topic: str, messages: Sequence[Message]) -> Future[Sequence[Position]]:
         """Append a batch. Validation errors raise at once; I/O errors fail the future."""
 
     @abstractmethod

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -365,7 +365,7 @@ def _check_append_partition(config: HeadwaterConfig, bus: Bus, topic: str, parti
 
 
 def _append_all(bus: Bus, topic: str, messages: list[Message]) -> list[Position]:
-    futures: list[Future[list[Position]]] = []
+    futures: list[Future[Sequence[Position]]] = []
     try:
         for i in range(0, len(messages), APPEND_BATCH):
             futures.append(bus.append(topic, messages[i : i + APPEND_BATCH]))

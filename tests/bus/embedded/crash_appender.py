@@ -39,7 +39,7 @@ def main() -> None:
                 Message(value_for(rid), key=rid[-1:] if i % 2 else None, headers=(("id", rid),))
                 for i, rid in enumerate(ids)
             ]
-            positions = bus.append("t", messages).result()
+            positions = bus.append("t", messages).result(timeout=30)
             lines = "".join(
                 f"{rid.decode().replace(':', ' ')} {p.partition} {p.offset}\n"
                 for rid, p in zip(ids, positions, strict=True)

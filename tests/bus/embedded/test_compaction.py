@@ -21,7 +21,7 @@ def _fill(bus: EmbeddedBus, n: int, keys: int, seed: int = 7) -> list[bytes | No
             key = None if rng.random() < 0.1 else b"key-%d" % rng.randrange(keys)
             batch.append(Message(b"value-%d" % i, key=key, partition=0))
             written.append(key)
-        bus.append("t", batch).result()
+        bus.append("t", batch).result(timeout=30)
     return written
 
 
@@ -58,7 +58,7 @@ def test_compaction_keeps_latest_per_key_below_lowest_writer(open_log: OpenLog) 
     )
     assert bus.watermarks("t", 0) == (0, 1500)
     # appending continues, and the compacted state survives a reopen
-    bus.append("t", [Message(b"value-1500", partition=0)]).result()
+    bus.append("t", [Message(b"value-1500", partition=0)]).result(timeout=30)
     bus.close()
     bus = open_log(segment_bytes=2048, default_partitions=1)
     assert [r.offset for r in bus.read("t", 0, 0, max_records=10_000)] == [*expected, 1500]

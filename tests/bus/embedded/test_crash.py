@@ -71,6 +71,6 @@ def test_acked_records_survive_sigkill(tmp_path: Path) -> None:
             assert seen == len(acked), f"run {run}: {len(acked) - seen} acked records are missing"
             if bus.topics():
                 probe = Message(value_for(b"p"), headers=(("id", b"p"),))
-                (pos,) = bus.append("t", [probe]).result()
+                (pos,) = bus.append("t", [probe]).result(timeout=30)
                 assert bus.read("t", pos.partition, pos.offset)[0].value == value_for(b"p")
     assert len(acked) > 1000, "the child acked too little for the test to mean much"

@@ -23,7 +23,7 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 
 def test_offsets_persist_at_the_interval(open_log: OpenLog) -> None:
     bus = open_log(offsets_flush_interval_ms=50, default_partitions=1)
-    bus.append("t", [Message(b"%d" % i) for i in range(10)]).result()
+    bus.append("t", [Message(b"%d" % i) for i in range(10)]).result(timeout=30)
     bus.commit("g", {TP: 7})
     path = bus.directory / "groups.json"
 
@@ -38,7 +38,7 @@ def test_offsets_persist_at_the_interval(open_log: OpenLog) -> None:
 
 def test_clean_close_persists_and_consumer_resumes(open_log: OpenLog) -> None:
     bus = open_log(offsets_flush_interval_ms=60_000, default_partitions=1)
-    bus.append("t", [Message(b"%d" % i) for i in range(10)]).result()
+    bus.append("t", [Message(b"%d" % i) for i in range(10)]).result(timeout=30)
     with bus.consumer("g", ["t"]) as consumer:
         assert [r.value for r in consumer.poll(4, timeout=1)] == [b"0", b"1", b"2", b"3"]
         consumer.commit()

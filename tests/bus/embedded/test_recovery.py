@@ -23,7 +23,7 @@ def _segments(root: Path, topic: str = "t", partition: int = 0) -> list[Path]:
 
 def _fill(bus, batches: int, per: int = 10) -> None:
     for b in range(batches):
-        bus.append("t", [Message(b"%d-%d" % (b, i) * 5) for i in range(per)]).result()
+        bus.append("t", [Message(b"%d-%d" % (b, i) * 5) for i in range(per)]).result(timeout=30)
 
 
 def _crash(bus) -> None:
@@ -56,7 +56,7 @@ def test_torn_tail_is_truncated_and_appending_continues(
     assert bus.watermarks("t", 0) == (0, 50)
     records = bus.read("t", 0, 0, max_records=1000)
     assert len(records) == 50 and all(b"never acked" not in r.value for r in records)
-    (pos,) = bus.append("t", [Message(b"after recovery", partition=0)]).result()
+    (pos,) = bus.append("t", [Message(b"after recovery", partition=0)]).result(timeout=30)
     assert pos.offset == 50
     assert bus.read("t", 0, 50)[0].value == b"after recovery"
 

@@ -20,7 +20,7 @@ def _fill(bus: EmbeddedBus, n: int, timestamp: int | None = None) -> None:
     for _ in range(0, n, 20):
         bus.append(
             "t", [Message(b"x" * 100, timestamp=timestamp, partition=0) for _ in range(20)]
-        ).result()
+        ).result(timeout=30)
 
 
 def test_size_retention_respects_the_slowest_writer(open_log: OpenLog) -> None:

@@ -21,7 +21,7 @@ def _batch(start: int, n: int, size: int = 100) -> list[Message]:
 def test_segments_roll_and_every_offset_reads_back(open_log: OpenLog) -> None:
     bus = open_log(segment_bytes=4096, index_interval_bytes=512, default_partitions=1)
     for start in range(0, 1000, 50):
-        bus.append("t", _batch(start, 50)).result()
+        bus.append("t", _batch(start, 50)).result(timeout=30)
     part = bus._topics["t"][0]
     assert len(part.segments) > 10
     for offset in (0, 1, 49, 50, 333, 998, 999):
@@ -42,7 +42,7 @@ def test_reads_while_appends_continue(open_log: OpenLog) -> None:
 
     def writer() -> None:
         for start in range(0, total, 40):
-            bus.append("t", _batch(start, 40)).result()
+            bus.append("t", _batch(start, 40)).result(timeout=30)
 
     thread = threading.Thread(target=writer)
     thread.start()
@@ -66,24 +66,26 @@ def test_reads_while_appends_continue(open_log: OpenLog) -> None:
 
 def test_state_survives_clean_reopen(open_log: OpenLog) -> None:
     bus = open_log(segment_bytes=4096)
-    positions = bus.append("t", [Message(b"v%d" % i, key=b"k%d" % i) for i in range(300)]).result()
+    positions = bus.append("t", [Message(b"v%d" % i, key=b"k%d" % i) for i in range(300)]).result(
+        timeout=30
+    )
     bus.close()
     bus = open_log(segment_bytes=4096)
     for pos in positions[::37]:
         (rec,) = bus.read("t", pos.partition, pos.offset, max_records=1)
         assert rec.key is not None and rec.value == b"v" + rec.key[1:]
-    more = bus.append("t", [Message(b"after", partition=0)]).result()
+    more = bus.append("t", [Message(b"after", partition=0)]).result(timeout=30)
     assert more[0].offset == max(p.offset for p in positions if p.partition == 0) + 1
 
 
 def test_one_writer_per_directory_many_readers(open_log: OpenLog) -> None:
     bus = open_log()
-    bus.append("t", [Message(b"x")]).result()
+    bus.append("t", [Message(b"x")]).result(timeout=30)
     with pytest.raises(LogLocked, match=str(__import__("os").getpid())):
         open_log()
     reader = open_log(read_only=True)
     assert [t.name for t in reader.topics()] == ["t"]
-    bus.append("t", [Message(b"y", partition=0), Message(b"z", partition=0)]).result()
+    bus.append("t", [Message(b"y", partition=0), Message(b"z", partition=0)]).result(timeout=30)
     assert [r.value for r in reader.read("t", 0, 0)][-2:] == [b"y", b"z"]
 
 

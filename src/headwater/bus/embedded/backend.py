@@ -41,6 +41,7 @@ from headwater.bus.records import (
     CompactionResult,
     Message,
     Position,
+    PositionRun,
     Record,
     TopicInfo,
     TopicPartition,
@@ -190,7 +191,7 @@ class EmbeddedBus(Bus):
         return parts[partition]
 
     # -- writing --------------------------------------------------------------------------
-    def append(self, topic: str, messages: Sequence[Message]) -> Future[list[Position]]:
+    def append(self, topic: str, messages: Sequence[Message]) -> Future[Sequence[Position]]:
         self._check_writable()
         parts = self._topics.get(topic)
         if parts is None:
@@ -201,7 +202,7 @@ class EmbeddedBus(Bus):
                 )
             parts = self._partitions(self.create_topic(topic).name)
         validate_batch(topic, messages, self.config.max_record_bytes)
-        future: Future[list[Position]] = Future()
+        future: Future[Sequence[Position]] = Future()
         if not messages:
             future.set_result([])
             return future
@@ -361,13 +362,12 @@ class EmbeddedBus(Bus):
             raise InvalidArgument(f"the log at {self.directory} is open read-only")
 
 
-def _single(future: Future[list[Position]], p: int, n: int) -> Done:
+def _single(future: Future[Sequence[Position]], p: int, n: int) -> Done:
     def done(base: int, error: BaseException | None) -> None:
         if error is not None:
             future.set_exception(error)
         else:
-            new = tuple.__new__
-            future.set_result([new(Position, (p, o)) for o in range(base, base + n)])
+            future.set_result(PositionRun(p, base, n))
 
     return done
 
@@ -375,7 +375,7 @@ def _single(future: Future[list[Position]], p: int, n: int) -> Done:
 class _Gather:
     """Resolves one future once every partition of a multi-partition append is durable."""
 
-    def __init__(self, future: Future[list[Position]], n: int, parts: int) -> None:
+    def __init__(self, future: Future[Sequence[Position]], n: int, parts: int) -> None:
         self._future = future
         self._positions: list[Position] = [Position(-1, -1)] * n
         self._left = parts

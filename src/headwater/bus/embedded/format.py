@@ -9,10 +9,12 @@ little-endian::
             | value_len u32[count] | headers_len u32[count]
             | keys blob | values blob | headers blob
 
-``length`` counts the whole batch, header included. ``crc`` is CRC-32 of every byte after the crc
-field. Offsets in a batch are ``base_offset + offset_delta``: contiguous when appended, with gaps
-after compaction. A record's headers blob is a run of ``name_len u16 | name (UTF-8) | value_len
-u32 | value``. The columnar layout keeps encoding and decoding to a few bulk operations per batch.
+``length`` counts the whole batch, header included. ``crc`` is CRC-32 of the columns followed by
+the header fields after the crc (``base_offset`` to ``reserved``), so the appender can checksum
+the columns before the batch has its offset. Offsets in a batch are
+``base_offset + offset_delta``: contiguous when appended, with gaps after compaction. A record's
+headers blob is a run of ``name_len u16 | name (UTF-8) | value_len u32 | value``. The columnar
+layout keeps encoding and decoding to a few bulk operations per batch.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import struct
 import sys
 import zlib
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from functools import cache
-from itertools import accumulate, compress, pairwise
-from typing import NamedTuple
+from itertools import accumulate, compress, pairwise, repeat
+from typing import Any, NamedTuple
 
 from headwater.bus.records import Headers, Message, Record
 
@@ -105,6 +108,7 @@ class EncodedBatch(NamedTuple):
     """A batch body ready to be framed: everything but the header."""
 
     body: bytes
+    body_crc: int
     count: int
     last_offset_delta: int
     first_timestamp: int
@@ -144,7 +148,7 @@ def encode(messages: Sequence[Message], now_ms: int) -> EncodedBatch:
             header_blob,
         )
     )
-    return EncodedBatch(body, n, n - 1, first, last)
+    return EncodedBatch(body, zlib.crc32(body), n, n - 1, first, last)
 
 
 @cache
@@ -189,7 +193,9 @@ def _encode_columns(
             b"".join(header_blobs),
         )
     )
-    return EncodedBatch(body, len(values), last_offset_delta, min(timestamps), max(timestamps))
+    return EncodedBatch(
+        body, zlib.crc32(body), len(values), last_offset_delta, min(timestamps), max(timestamps)
+    )
 
 
 def frame(batch: EncodedBatch, base_offset: int) -> bytes:
@@ -202,7 +208,7 @@ def frame(batch: EncodedBatch, base_offset: int) -> bytes:
         batch.max_timestamp,
         0,
     )
-    crc = zlib.crc32(batch.body, zlib.crc32(tail))
+    crc = zlib.crc32(tail, batch.body_crc)
     length = struct.pack("<II", HEADER_SIZE + len(batch.body), crc)
     return b"".join((MAGIC, length, tail, batch.body))
 
@@ -222,8 +228,9 @@ def parse_header(buf: bytes | memoryview, pos: int, available: int) -> BatchHead
 
 
 def check_crc(buf: bytes | memoryview, pos: int, header: BatchHeader) -> None:
-    view = memoryview(buf)[pos + _CRC_FROM : pos + header.length]
-    if zlib.crc32(view) != header.crc:
+    view = memoryview(buf)
+    body = zlib.crc32(view[pos + HEADER_SIZE : pos + header.length])
+    if zlib.crc32(view[pos + _CRC_FROM : pos + HEADER_SIZE], body) != header.crc:
         raise BadBatch("checksum mismatch")
 
 
@@ -292,11 +299,12 @@ def decode_records(
         hdrs: list[Headers] = [decode_headers(h) if h else () for h in c.header_blobs]
     else:
         hdrs = [()] * header.count
-    rows = zip(c.offsets, c.timestamps, c.keys, c.values, hdrs, strict=True)
+    columns: tuple[Sequence[Any], ...] = (c.offsets, c.timestamps, c.keys, c.values, hdrs)
     if min_offset > header.base_offset:
-        rows = compress(rows, [o >= min_offset for o in c.offsets])
-    new = tuple.__new__
-    return [new(Record, (topic, partition, o, t, k, v, h)) for o, t, k, v, h in rows]
+        start = bisect_left(c.offsets, min_offset)
+        columns = tuple(col[start:] for col in columns)
+    rows = zip(repeat(topic), repeat(partition), *columns)
+    return list(map(tuple.__new__, repeat(Record), rows))
 
 
 def rebuild(columns: Columns, keep: Sequence[bool], header: BatchHeader) -> EncodedBatch | None:

@@ -227,8 +227,13 @@ class Partition:
 
     # -- maintenance ------------------------------------------------------------------------
     def closed_segments(self) -> list[Segment]:
+        """Closed segments whose data is durable (compaction may rewrite those)."""
         with self.lock:
-            return self.segments[:-1]
+            return [
+                s
+                for s in self.segments[:-1]
+                if s not in self._unsynced and s.next_offset <= self.durable_offset
+            ]
 
     def replace_segment(self, old: Segment, make_new: Callable[[], Segment]) -> None:
         """Swap a closed segment for its rewritten file (compaction)."""
@@ -253,6 +258,8 @@ class Partition:
                     break
                 if protect_from is not None and seg.next_offset > protect_from:
                     break
+                if seg in self._unsynced or seg.next_offset > self.durable_offset:
+                    break  # not durable yet: the syncer still needs it
                 self.segments.pop(0)
                 self.bases.pop(0)
                 total -= seg.size

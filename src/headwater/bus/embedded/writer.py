@@ -1,9 +1,10 @@
 """The log's writer thread: group commit for the embedded log.
 
 Appenders validate and encode their batch in their own thread and queue it here. One thread takes
-everything queued, gives each batch its offsets, writes each partition's batches with one
-``write``, then, under ``always`` durability, fdatasyncs each touched partition once and only then
-tells the appenders. Concurrent appenders so share both the write and the fdatasync.
+everything queued, gives each batch its offsets and writes each partition's batches with one
+``write``. Under ``always`` durability a second thread then fdatasyncs each touched partition once
+and only then tells the appenders, while the first writes the next round. Concurrent appenders so
+share both the write and the fdatasync.
 
 ``interval`` durability fdatasyncs dirty partitions every ``flush_interval_ms`` and tells appenders
 once their batch is written; ``never`` leaves flushing to the OS. Queued bytes are bounded: past
@@ -48,6 +49,16 @@ class LogWriter:
         self._closing = False
         self._busy = False
         self._failure: BaseException | None = None
+        self._sync_cond = threading.Condition()
+        self._to_sync: list[tuple[Done, int, Partition]] = []
+        self._syncing = False
+        self._syncer_stop = False
+        self._syncer: threading.Thread | None = None
+        if policy == "always":
+            self._syncer = threading.Thread(
+                target=self._run_syncer, name="headwater-log-syncer", daemon=True
+            )
+            self._syncer.start()
         self._thread = threading.Thread(target=self._run, name="headwater-log-writer", daemon=True)
         self._thread.start()
 
@@ -86,6 +97,9 @@ class LogWriter:
                 self._busy = True
             try:
                 self._write(queue)
+            except BaseException as e:  # a bug, not I/O: fail loudly, never hang appenders
+                log.exception("the log writer failed")
+                self._fail_everything(queue, e)
             finally:
                 with self._cond:
                     self._busy = False
@@ -120,20 +134,68 @@ class LogWriter:
             written += [
                 (done, base, partition) for (_, done), base in zip(items, bases, strict=True)
             ]
+        for done, error in failed:
+            done(-1, error)
+        if self.policy == "always":  # the syncer thread makes it durable while we write on
+            with self._sync_cond:
+                self._to_sync += written
+                self._sync_cond.notify()
+            return
         touched = {p for _, _, p in written}
-        sync_errors = self._sync(touched) if self.policy == "always" else {}
         for p in touched:
-            if p not in sync_errors:
-                p.mark_durable(p.next_offset if self.policy != "always" else p.synced_offset)
+            p.mark_durable(p.next_offset)
         if self.policy == "interval":
             self._dirty |= touched
         if written:
             self._on_visible()
+        for done, base, _ in written:
+            done(base, None)
+
+    def _fail_everything(
+        self, queue: list[tuple[Partition, fmt.EncodedBatch, Done]], error: BaseException
+    ) -> None:
+        with self._cond:
+            self._failure = error
+        failure = BusUnavailable(f"the log cannot write: {error}")
+        for _, _, done in queue:
+            try:
+                done(-1, failure)
+            except Exception:  # a future already resolved: nothing left to tell
+                log.debug("append already resolved", exc_info=True)
+
+    def _run_syncer(self) -> None:
+        """Under ``always``: fdatasync what the writer wrote, then tell the appenders."""
+        while True:
+            with self._sync_cond:
+                while not self._to_sync and not self._syncer_stop:
+                    self._sync_cond.wait()
+                if not self._to_sync:
+                    return
+                written, self._to_sync = self._to_sync, []
+                self._syncing = True
+            try:
+                self._sync_round(written)
+            except BaseException as e:
+                log.exception("the log syncer failed")
+                with self._cond:
+                    self._failure = e
+                for done, _, _ in written:
+                    done(-1, BusUnavailable(f"the log cannot sync: {e}"))
+            finally:
+                with self._sync_cond:
+                    self._syncing = False
+                    self._sync_cond.notify_all()
+
+    def _sync_round(self, written: list[tuple[Done, int, Partition]]) -> None:
+        touched = {p for _, _, p in written}
+        errors = self._sync(touched)
+        for p in touched:
+            if p not in errors:
+                p.mark_durable(p.synced_offset)
+        self._on_visible()
         for done, base, p in written:
-            error = sync_errors.get(p)
+            error = errors.get(p)
             done(-1, error) if error is not None else done(base, None)
-        for done, error in failed:
-            done(-1, error)
 
     def _sync(self, partitions: set[Partition]) -> dict[Partition, BaseException]:
         errors: dict[Partition, BaseException] = {}
@@ -149,12 +211,23 @@ class LogWriter:
         return errors
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until everything queued so far has been written."""
+        """Wait until everything queued so far has been written (and, under ``always``,
+        synced)."""
         with self._cond:
-            return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout)
+            if not self._cond.wait_for(lambda: not self._queue and not self._busy, timeout):
+                return False
+        with self._sync_cond:
+            return self._sync_cond.wait_for(
+                lambda: not self._to_sync and not self._syncing, timeout
+            )
 
     def close(self) -> None:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         self._thread.join()
+        if self._syncer is not None:
+            with self._sync_cond:
+                self._syncer_stop = True
+                self._sync_cond.notify_all()
+            self._syncer.join()

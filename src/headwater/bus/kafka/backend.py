@@ -127,7 +127,7 @@ class KafkaBus(Bus):
         return info
 
     # -- writing --------------------------------------------------------------------------
-    def append(self, topic: str, messages: Sequence[Message]) -> Future[list[Position]]:
+    def append(self, topic: str, messages: Sequence[Message]) -> Future[Sequence[Position]]:
         self._check_writable()
         check_topic_name(topic)
         validate_batch(topic, messages, self._config.max_record_bytes)

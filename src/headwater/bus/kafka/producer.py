@@ -25,7 +25,7 @@ class _Batch:
 
     def __init__(self, topic: str, size: int) -> None:
         self.topic = topic
-        self.future: Future[list[Position]] = Future()
+        self.future: Future[Sequence[Position]] = Future()
         self.future.set_running_or_notify_cancel()  # what was handed to Kafka can't be undone
         self._positions: list[Position | None] = [None] * size
         self._remaining = size
@@ -72,7 +72,7 @@ class DeliveryProducer:
 
     def send(
         self, topic: str, messages: Sequence[Message], partitions: Mapping[int, list[int]]
-    ) -> Future[list[Position]]:
+    ) -> Future[Sequence[Position]]:
         """Produce ``messages`` to the partitions chosen for them, in order per partition."""
         batch = _Batch(topic, len(messages))
         if not messages:

@@ -1,0 +1,1206 @@
+"""Benchmark of the bus: the embedded commit log and the Kafka backend, against the raw disk.
+
+Run from the repository root::
+
+    .venv/bin/python bench/bus.py                 # the full run, about 2 minutes
+    .venv/bin/python bench/bus.py --quick         # a smoke run, under 40 s
+    .venv/bin/python bench/bus.py --format json   # the same figures as JSON on stdout
+
+What it measures, all in one run and in one temporary directory (under ``./data`` or ``--dir``,
+so the log and the disk reference share a filesystem):
+
+* the raw disk: sequential writes of 1 MiB blocks each followed by fdatasync (the reference that
+  the ratios use), writes of log-batch-sized chunks with one fdatasync every N chunks where N is
+  what group commit achieved (a "mirror" of the log's own I/O pattern), and fdatasync/s of small
+  appends;
+* the embedded log: append records/s and MB/s for 200-byte records in batches of 100, for each
+  durability policy, with 1, 16 and 64 concurrent appenders (asyncio tasks awaiting
+  ``asyncio.wrap_future(bus.append(...))``, as the collector calls it), 64 OS threads under
+  ``always``, and 64 appenders over a 4-partition topic; then reading a topic back;
+* the Kafka backend against the local test broker (Tansu, in memory).
+
+Targets: ``always`` appends with 64 appenders reach at least 50% of the raw disk MB/s, and reads
+reach at least 1M records/s. A miss is profiled (cProfile on every thread, and py-spy when it is
+installed) and the top costs are printed. This is not a test: it always exits 0 unless it fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    MB,
+    AllThreadsProfile,
+    Meter,
+    MiB,
+    ThreadSamples,
+    bench_directory,
+    emit_json,
+    find_py_spy,
+    fmt_number,
+    machine_info,
+    median,
+    percentile,
+    print_table,
+    progress,
+    py_spy_record,
+)
+from headwater.bus.base import Bus
+from headwater.bus.embedded import format as log_format
+from headwater.bus.embedded.backend import EmbeddedBus
+from headwater.bus.embedded.config import EmbeddedBusConfig
+from headwater.bus.embedded.segment import Segment
+from headwater.bus.errors import BusUnavailable
+from headwater.bus.records import Message
+
+RECORD_BYTES = 200
+BATCH_RECORDS = 100
+APPENDERS = (1, 16, 64)
+POLICIES = ("always", "interval", "never")
+READ_MAX_RECORDS = 10_000
+APPEND_TARGET = 0.5  # of the raw disk MB/s
+READ_TARGET = 1_000_000  # records/s
+SMALL_APPEND_BYTES = 200
+LARGE_BLOCK = MiB
+PY_SPY_SLACK_S = 1.5
+PY_SPY_RATE = 200
+
+
+# -- results ------------------------------------------------------------------------------------
+@dataclass
+class AppendFigure:
+    backend: str
+    policy: str
+    appenders: int
+    mode: str  # "asyncio" or "threads"
+    partitions: int
+    seconds: float
+    appends: int
+    records: int
+    batch_disk_bytes: int
+    fsyncs: int | None
+    latency_p50_ms: float
+    latency_p99_ms: float
+    process_cores: float
+    machine_busy: float
+    refused: int = 0
+    broker_cores: float | None = None
+    ratio_to_raw: float | None = None
+    ratio_to_mirror: float | None = None
+
+    @property
+    def case(self) -> str:
+        workers = f"{self.appenders} {'task' if self.mode == 'asyncio' else 'thread'}"
+        workers += "s" if self.appenders > 1 else ""
+        return f"{self.backend} {self.policy} {workers} {self.partitions}p"
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds
+
+    @property
+    def payload_mb_s(self) -> float:
+        return self.records * RECORD_BYTES / self.seconds / MB
+
+    @property
+    def disk_mb_s(self) -> float:
+        return self.appends * self.batch_disk_bytes / self.seconds / MB
+
+    @property
+    def appends_per_fsync(self) -> float | None:
+        return self.appends / self.fsyncs if self.fsyncs else None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(
+            case=self.case,
+            records_per_s=self.records_per_s,
+            payload_mb_s=self.payload_mb_s,
+            disk_mb_s=self.disk_mb_s,
+            appends_per_fsync=self.appends_per_fsync,
+        )
+        return out
+
+
+@dataclass
+class ReadFigure:
+    backend: str
+    topic: str
+    records: int
+    seconds: float
+    passes: int
+    whole_topic: bool
+    process_cores: float
+    broker_cores: float | None = None
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds
+
+    @property
+    def payload_mb_s(self) -> float:
+        return self.records * RECORD_BYTES / self.seconds / MB
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "records_per_s": self.records_per_s, "mb_s": self.payload_mb_s}
+
+
+@dataclass
+class DiskFigure:
+    name: str
+    chunk_bytes: int
+    chunks_per_fsync: int
+    volume_bytes: int
+    seconds: list[float]  # one per repetition
+    fsyncs: int
+
+    @property
+    def mb_s(self) -> float:
+        return self.volume_bytes / median(self.seconds) / MB
+
+    @property
+    def fsyncs_per_s(self) -> float:
+        return self.fsyncs / median(self.seconds)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "mb_s": self.mb_s, "fsyncs_per_s": self.fsyncs_per_s}
+
+
+@dataclass
+class Profile:
+    what: str
+    operations: int  # appends or read calls in the cProfile run
+    unit: str
+    records_per_op: int
+    cprofile: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    cprofile_thread_s: dict[str, float] = field(default_factory=dict)  # CPU seconds per thread
+    py_spy: list[ThreadSamples] = field(default_factory=list)  # --gil: who holds the GIL
+    py_spy_wall: list[ThreadSamples] = field(default_factory=list)  # --idle: every thread
+    py_spy_seconds: int = 0
+    py_spy_rate: int = PY_SPY_RATE
+    py_spy_ops_per_s: float = 0.0  # appends or read calls per second while py-spy sampled
+    gc_on_records_per_s: float = 0.0  # the same workload again, unprofiled, back to back:
+    gc_off_records_per_s: float = 0.0  # with Python's cyclic GC on, then off (gc.disable())
+
+    def py_spy_us_per_op(self, samples: int) -> float:
+        """Microseconds of GIL time per operation that ``samples`` stand for."""
+        ops = self.py_spy_ops_per_s * self.py_spy_seconds
+        return samples / self.py_spy_rate / ops * 1e6 if ops else float("nan")
+
+
+@dataclass
+class Target:
+    name: str
+    measured: float
+    required: float
+    unit: str
+    detail: str
+
+    @property
+    def passed(self) -> bool:
+        return self.measured >= self.required
+
+    def verdict(self) -> str:
+        if self.passed:
+            return (
+                f"PASS  {self.name}: {fmt_number(self.measured)} {self.unit} "
+                f">= {fmt_number(self.required)} {self.unit} "
+                f"({self.measured / self.required:.2f}x the target); {self.detail}"
+            )
+        short = self.required - self.measured
+        return (
+            f"MISS  {self.name}: {fmt_number(self.measured)} {self.unit} "
+            f"< {fmt_number(self.required)} {self.unit}: short by {fmt_number(short)} "
+            f"{self.unit} ({short / self.required:.0%} below; needs "
+            f"{self.required / self.measured:.2f}x); {self.detail}"
+        )
+
+
+# -- counting fdatasync calls of the log ------------------------------------------------------
+class SyncCounter:
+    """Counts ``Segment.sync`` calls (one fdatasync each) by wrapping the method."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._original: Callable[[Segment], None] = Segment.sync
+
+    def __enter__(self) -> SyncCounter:
+        original = self._original
+
+        def counting_sync(segment: Segment) -> None:
+            self.count += 1
+            original(segment)
+
+        Segment.sync = counting_sync  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        Segment.sync = self._original  # type: ignore[method-assign]
+
+
+# -- the workload ---------------------------------------------------------------------------------
+def make_batch() -> list[Message]:
+    """100 distinct 200-byte values, no key and no headers."""
+    return [Message(os.urandom(RECORD_BYTES)) for _ in range(BATCH_RECORDS)]
+
+
+def batch_disk_bytes(batch: Sequence[Message]) -> int:
+    """The size of one batch as the embedded log writes it (header + columns + values)."""
+    return len(log_format.frame(log_format.encode(batch, 0), 0))
+
+
+@dataclass
+class Window:
+    appends: int
+    latencies: list[float]
+    fsyncs: int | None
+    meter: Meter
+    refused: int  # appends refused with BusUnavailable (backpressure) and retried
+
+
+BACKPRESSURE_PAUSE_S = 0.001
+
+
+async def _append_tasks(
+    bus: Bus,
+    topic: str,
+    batch: list[Message],
+    appenders: int,
+    seconds: float,
+    syncs: SyncCounter | None,
+) -> Window:
+    """``appenders`` asyncio tasks appending for ``seconds``; counts appends acked in time."""
+    meter = Meter()
+    start = time.perf_counter()
+    end = start + seconds
+    meter.start()
+    fsync0 = syncs.count if syncs else 0
+
+    async def appender() -> tuple[int, list[float], int]:
+        done = refused = 0
+        latencies: list[float] = []
+        while (t0 := time.perf_counter()) < end:
+            try:
+                await asyncio.wrap_future(bus.append(topic, batch))
+            except BusUnavailable:  # the log's write queue is full: back off, as a client would
+                refused += 1
+                await asyncio.sleep(BACKPRESSURE_PAUSE_S)
+                continue
+            t1 = time.perf_counter()
+            if t1 <= end:
+                done += 1
+                latencies.append(t1 - t0)
+        return done, latencies, refused
+
+    async def stopwatch() -> int | None:
+        await asyncio.sleep(max(0.0, end - time.perf_counter()))
+        meter.stop()
+        return (syncs.count - fsync0) if syncs else None
+
+    *outcomes, fsyncs = await asyncio.gather(*(appender() for _ in range(appenders)), stopwatch())
+    return _window(outcomes, fsyncs, meter)
+
+
+def _append_threads(
+    bus: Bus,
+    topic: str,
+    batch: list[Message],
+    appenders: int,
+    seconds: float,
+    syncs: SyncCounter | None,
+) -> Window:
+    """``appenders`` OS threads each blocking on ``bus.append(...).result()``."""
+    ready = threading.Barrier(appenders + 1)
+    outcomes: list[tuple[int, list[float], int]] = []
+    lock = threading.Lock()
+    end = 0.0
+
+    def appender() -> None:
+        done = refused = 0
+        latencies: list[float] = []
+        ready.wait()
+        while (t0 := time.perf_counter()) < end:
+            try:
+                bus.append(topic, batch).result()
+            except BusUnavailable:
+                refused += 1
+                time.sleep(BACKPRESSURE_PAUSE_S)
+                continue
+            t1 = time.perf_counter()
+            if t1 <= end:
+                done += 1
+                latencies.append(t1 - t0)
+        with lock:
+            outcomes.append((done, latencies, refused))
+
+    threads = [
+        threading.Thread(target=appender, name="bench-appender", daemon=True)
+        for _ in range(appenders)
+    ]
+    for t in threads:
+        t.start()
+    meter = Meter()
+    end = time.perf_counter() + seconds
+    meter.start()
+    fsync0 = syncs.count if syncs else 0
+    ready.wait()
+    time.sleep(max(0.0, end - time.perf_counter()))
+    meter.stop()
+    fsyncs = (syncs.count - fsync0) if syncs else None
+    for t in threads:
+        t.join()
+    return _window(outcomes, fsyncs, meter)
+
+
+def _window(
+    outcomes: Sequence[tuple[int, list[float], int]], fsyncs: int | None, meter: Meter
+) -> Window:
+    latencies = sorted(x for _, lats, _ in outcomes for x in lats)
+    appends = sum(n for n, _, _ in outcomes)
+    return Window(appends, latencies, fsyncs, meter, sum(r for _, _, r in outcomes))
+
+
+def measure_appends(
+    bus: Bus,
+    *,
+    backend: str,
+    policy: str,
+    appenders: int,
+    mode: str,
+    partitions: int,
+    seconds: float,
+    warmup: float,
+    batch: list[Message],
+    disk_bytes: int,
+    syncs: SyncCounter | None = None,
+    broker_pid: int | None = None,
+) -> tuple[AppendFigure, str]:
+    """One append case on a fresh topic; returns the figure and the topic's name."""
+    topic = re.sub(r"[^A-Za-z0-9._-]", "-", f"bench-{policy}-{appenders}-{mode}-{partitions}p")
+    bus.create_topic(topic, partitions)
+
+    os.sync()  # start from a quiet disk: no writeback of earlier cases in this window
+
+    def run(span: float) -> Window:
+        if mode == "threads":
+            return _append_threads(bus, topic, batch, appenders, span, syncs)
+        return asyncio.run(_append_tasks(bus, topic, batch, appenders, span, syncs))
+
+    run(warmup)
+    broker0 = _process_cpu_s(broker_pid)
+    window = run(seconds)
+    broker_cores = None
+    if broker_pid is not None:
+        broker_cores = (_process_cpu_s(broker_pid) - broker0) / window.meter.wall_s
+    figure = AppendFigure(
+        backend=backend,
+        policy=policy,
+        appenders=appenders,
+        mode=mode,
+        partitions=partitions,
+        seconds=window.meter.wall_s,
+        appends=window.appends,
+        records=window.appends * BATCH_RECORDS,
+        batch_disk_bytes=disk_bytes,
+        fsyncs=window.fsyncs,
+        latency_p50_ms=percentile(window.latencies, 50) * 1000,
+        latency_p99_ms=percentile(window.latencies, 99) * 1000,
+        process_cores=window.meter.process_cores,
+        machine_busy=window.meter.machine_busy,
+        broker_cores=broker_cores,
+        refused=window.refused,
+    )
+    progress(
+        f"  {figure.case}: {fmt_number(figure.records_per_s)} records/s, "
+        f"{fmt_number(figure.payload_mb_s)} MB/s, p99 {fmt_number(figure.latency_p99_ms)} ms"
+    )
+    return figure, topic
+
+
+def _process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) another process has used so far, from /proc."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def read_topic(
+    bus: Bus, topic: str, partition: int, *, min_seconds: float, max_seconds: float
+) -> tuple[int, int, bool]:
+    """Read a partition from its start with ``read(..., max_records=10000)``, whole passes until
+    ``min_seconds`` have passed (stopping at ``max_seconds``). Returns (records, read calls,
+    whether every pass read the whole partition)."""
+    low, high = bus.watermarks(topic, partition)
+    start = time.perf_counter()
+    records = calls = 0
+    while True:
+        offset = low
+        while offset < high:
+            got = bus.read(topic, partition, offset, max_records=READ_MAX_RECORDS)
+            calls += 1
+            if not got:
+                break
+            records += len(got)
+            offset = got[-1].offset + 1
+            if time.perf_counter() - start > max_seconds:
+                return records, calls, False
+        if time.perf_counter() - start >= min_seconds:
+            return records, calls, True
+
+
+def measure_read(
+    bus: Bus,
+    backend: str,
+    topic: str,
+    *,
+    min_seconds: float,
+    max_seconds: float,
+    broker_pid: int | None = None,
+) -> ReadFigure:
+    os.sync()  # no writeback of the appends competing with the read
+    meter = Meter()
+    broker0 = _process_cpu_s(broker_pid)
+    meter.start()
+    records, _, whole = read_topic(bus, topic, 0, min_seconds=min_seconds, max_seconds=max_seconds)
+    meter.stop()
+    low, high = bus.watermarks(topic, 0)
+    figure = ReadFigure(
+        backend=backend,
+        topic=topic,
+        records=records,
+        seconds=meter.wall_s,
+        passes=max(1, records // max(1, high - low)),
+        whole_topic=whole,
+        process_cores=meter.process_cores,
+        broker_cores=(
+            (_process_cpu_s(broker_pid) - broker0) / meter.wall_s if broker_pid else None
+        ),
+    )
+    progress(
+        f"  read {backend} {topic}: {fmt_number(figure.records_per_s)} records/s "
+        f"({fmt_number(float(records))} records in {meter.wall_s:.2f} s)"
+    )
+    return figure
+
+
+# -- the raw disk -------------------------------------------------------------------------------
+def disk_sequential(
+    directory: Path, name: str, chunk: int, every: int, volume: int, reps: int
+) -> DiskFigure:
+    """Append ``volume`` bytes in ``chunk``-byte writes to a new file, fdatasync after every
+    ``every`` writes (and at the end); the median of ``reps`` repetitions after one discarded
+    warm-up (on this VM the first pass onto fresh blocks is several times slower)."""
+    data = os.urandom(chunk)
+    count = max(1, volume // chunk)
+    times: list[float] = []
+    fsyncs = 0
+    for rep in range(reps + 1):
+        path = directory / f"disk-{rep}.dat"
+        os.sync()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        fsyncs = 0
+        try:
+            t0 = time.perf_counter()
+            for i in range(1, count + 1):
+                os.write(fd, data)
+                if i % every == 0 or i == count:
+                    os.fdatasync(fd)
+                    fsyncs += 1
+            if rep:
+                times.append(time.perf_counter() - t0)
+        finally:
+            os.close(fd)
+            path.unlink()
+    figure = DiskFigure(name, chunk, every, count * chunk, times, fsyncs)
+    progress(f"  disk {name}: {fmt_number(figure.mb_s)} MB/s")
+    return figure
+
+
+def disk_small_fsyncs(directory: Path, seconds: float) -> DiskFigure:
+    """fdatasync/s when every small append is made durable on its own."""
+    data = os.urandom(SMALL_APPEND_BYTES)
+    path = directory / "disk-small.dat"
+    os.sync()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    n = 0
+    try:
+        t0 = time.perf_counter()
+        end = t0 + seconds
+        while time.perf_counter() < end:
+            os.write(fd, data)
+            os.fdatasync(fd)
+            n += 1
+        elapsed = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        path.unlink()
+    figure = DiskFigure(
+        f"{SMALL_APPEND_BYTES} B append + fdatasync",
+        SMALL_APPEND_BYTES,
+        1,
+        n * SMALL_APPEND_BYTES,
+        [elapsed],
+        n,
+    )
+    progress(f"  disk small appends: {fmt_number(figure.fsyncs_per_s)} fdatasync/s")
+    return figure
+
+
+# -- profiling a miss ---------------------------------------------------------------------
+def _cost_rows(
+    profile: AllThreadsProfile, thread: str, operations: int, n: int
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "function": c.function,
+            "calls": c.calls,
+            "self_s": c.self_s,
+            "total_s": c.total_s,
+            "self_us_per_op": c.per_op_us(operations),
+            "calls_per_op": c.calls / operations if operations else None,
+        }
+        for c in profile.top(thread, n)
+    ]
+
+
+def profile_appends(
+    directory: Path,
+    seconds: float,
+    batch: list[Message],
+    disk_bytes: int,
+    py_spy: str | None,
+    *,
+    light: bool,
+) -> Profile:
+    """Profile the ``always`` 64-appender case: cProfile (wall clock) on every thread, then
+    py-spy twice (``--gil``: who holds the GIL; ``--idle``: every thread's wall time), then the
+    case with the cyclic GC on and off. ``light`` keeps only cProfile and py-spy ``--gil``."""
+    progress("profiling embedded always, 64 asyncio appenders (cProfile on every thread)")
+    config = EmbeddedBusConfig(durability="always", default_partitions=1)
+    case: dict[str, Any] = {
+        "backend": "embedded",
+        "policy": "always",
+        "appenders": 64,
+        "mode": "asyncio",
+        "partitions": 1,
+        "warmup": 0.2,
+        "batch": batch,
+        "disk_bytes": disk_bytes,
+    }
+    os.sync()
+    # the bus is opened inside the profile so that its writer thread is profiled too
+    with AllThreadsProfile() as prof, EmbeddedBus(directory / "profile-cprofile", config) as bus:
+        figure, _ = measure_appends(bus, seconds=seconds, **case)
+    # the warm-up appends are profiled too; count them from the calls to append itself
+    main = threading.current_thread().name
+    appends = _calls_of(prof, main, "append (headwater/bus/embedded/backend.py:")
+    result = Profile(
+        "append: embedded always, 64 asyncio tasks, 1 partition",
+        appends or figure.appends,
+        "append",
+        BATCH_RECORDS,
+    )
+    _keep_cprofile(result, prof)
+    if py_spy:
+        result.py_spy_seconds = max(1, round(seconds))
+        for gil in (True,) if light else (True, False):
+            progress(f"profiling the same case with py-spy {'--gil' if gil else '--idle'}")
+            os.sync()
+            with (
+                EmbeddedBus(directory / "profile-pyspy", config) as bus,
+                py_spy_record(py_spy, result.py_spy_seconds, rate=PY_SPY_RATE, gil=gil) as got,
+            ):
+                # outlasts py-spy, so that every sample is of the workload
+                span = result.py_spy_seconds + PY_SPY_SLACK_S
+                figure, _ = measure_appends(bus, seconds=span, **case)
+            shutil.rmtree(directory / "profile-pyspy", ignore_errors=True)
+            if gil:
+                result.py_spy = got
+                result.py_spy_ops_per_s = figure.appends / figure.seconds
+            else:
+                result.py_spy_wall = got
+    if not light:
+        progress("the same case with the cyclic GC on, then off")
+    for gc_on in () if light else (True, False):
+        os.sync()
+        with EmbeddedBus(directory / f"profile-gc-{gc_on}", config) as bus, _gc(gc_on):
+            figure, _ = measure_appends(bus, seconds=seconds, **case)
+        rate = figure.records_per_s
+        if gc_on:
+            result.gc_on_records_per_s = rate
+        else:
+            result.gc_off_records_per_s = rate
+    for name in ("cprofile", "gc-True", "gc-False"):
+        shutil.rmtree(directory / f"profile-{name}", ignore_errors=True)
+    return result
+
+
+@contextmanager
+def _gc(enabled: bool) -> Iterator[None]:
+    was = gc.isenabled()
+    if not enabled:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def profile_reads(
+    bus: Bus, topic: str, seconds: float, py_spy: str | None, *, light: bool
+) -> Profile:
+    progress(f"profiling reads of {topic} (cProfile)")
+    with AllThreadsProfile() as prof:
+        records, calls, _ = read_topic(bus, topic, 0, min_seconds=seconds, max_seconds=seconds * 3)
+    result = Profile(
+        f"read: embedded, {topic}, read(max_records={READ_MAX_RECORDS})",
+        calls,
+        "read call",
+        records // max(1, calls),
+    )
+    _keep_cprofile(result, prof)
+    if py_spy and not light:
+        progress("profiling reads with py-spy --gil")
+        result.py_spy_seconds = max(1, round(seconds))
+        with py_spy_record(py_spy, result.py_spy_seconds, rate=PY_SPY_RATE) as samples:
+            t0 = time.perf_counter()
+            _, calls, _ = read_topic(
+                bus, topic, 0, min_seconds=result.py_spy_seconds + PY_SPY_SLACK_S, max_seconds=60
+            )
+            result.py_spy_ops_per_s = calls / (time.perf_counter() - t0)
+        result.py_spy = samples
+    for gc_on in () if light else (True, False):
+        with _gc(gc_on):
+            t0 = time.perf_counter()
+            records, _, _ = read_topic(bus, topic, 0, min_seconds=seconds, max_seconds=seconds * 3)
+            rate = records / (time.perf_counter() - t0)
+        if gc_on:
+            result.gc_on_records_per_s = rate
+        else:
+            result.gc_off_records_per_s = rate
+    return result
+
+
+def _keep_cprofile(result: Profile, prof: AllThreadsProfile) -> None:
+    """Keep the threads that did something besides waiting on a lock."""
+    for thread in prof.profiles:
+        total = prof.total_self_s(thread)
+        top = prof.top(thread, 1)
+        if not top or total <= 0:
+            continue
+        if "acquire' of '_thread.lock" in top[0].function and top[0].self_s > 0.95 * total:
+            continue  # an idle helper thread (offsets flusher, retention)
+        result.cprofile[thread] = _cost_rows(prof, thread, result.operations, 15)
+        result.cprofile_thread_s[thread] = total
+
+
+def _calls_of(prof: AllThreadsProfile, thread: str, prefix: str) -> int:
+    for cost in prof.top(thread, 10_000):
+        if cost.function.startswith(prefix):
+            return cost.calls
+    return 0
+
+
+# -- the phases -----------------------------------------------------------------------------------
+@dataclass
+class Run:
+    args: argparse.Namespace
+    directory: Path
+    seconds: float
+    warmup: float
+    reps: int
+    batch: list[Message]
+    disk_bytes: int
+    appends: list[AppendFigure] = field(default_factory=list)
+    reads: list[ReadFigure] = field(default_factory=list)
+    disk: list[DiskFigure] = field(default_factory=list)
+    raw: DiskFigure | None = None
+    mirrors: dict[str, DiskFigure] = field(default_factory=dict)
+    targets: list[Target] = field(default_factory=list)
+    profiles: list[Profile] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    kafka_error: str | None = None
+
+
+def embedded_phase(run: Run) -> None:
+    read_topic_name = ""
+    for policy in POLICIES:
+        progress(f"embedded log, durability {policy}")
+        config = EmbeddedBusConfig(durability=policy, default_partitions=1)
+        directory = run.directory / f"log-{policy}"
+        with SyncCounter() as syncs, EmbeddedBus(directory, config) as bus:
+            cases = [(n, "asyncio", 1) for n in APPENDERS]
+            if policy == "always":
+                cases.append((64, "threads", 1))
+            cases.append((64, "asyncio", 4))
+            for appenders, mode, partitions in cases:
+                figure, topic = measure_appends(
+                    bus,
+                    backend="embedded",
+                    policy=policy,
+                    appenders=appenders,
+                    mode=mode,
+                    partitions=partitions,
+                    seconds=run.seconds,
+                    warmup=run.warmup,
+                    batch=run.batch,
+                    disk_bytes=run.disk_bytes,
+                    syncs=syncs,
+                )
+                run.appends.append(figure)
+                if policy == "never" and appenders == 64 and partitions == 1:
+                    read_topic_name = topic
+            if policy == "never":
+                progress("embedded log, reading a topic back")
+                figure = measure_read(
+                    bus,
+                    "embedded",
+                    read_topic_name,
+                    min_seconds=run.seconds,
+                    max_seconds=run.seconds * 4,
+                )
+                run.reads.append(figure)
+                if run.args.profile == "always" or (
+                    run.args.profile == "auto" and figure.records_per_s < READ_TARGET
+                ):
+                    run.profiles.append(
+                        profile_reads(
+                            bus, read_topic_name, run.seconds, find_py_spy(), light=run.args.quick
+                        )
+                    )
+        if policy != "never":  # keep the space in check; the read needs the last one
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def disk_phase(run: Run) -> None:
+    """The raw disk, after the log runs so each mirror can copy the I/O pattern of its case."""
+    progress("raw disk reference")
+    directory = run.directory / "disk"
+    directory.mkdir()
+    primary = _primary(run)
+    volume = min(max(primary.appends * run.disk_bytes if primary else 0, 64 * MiB), 1 << 30)
+    run.raw = disk_sequential(
+        directory, "1 MiB write + fdatasync", LARGE_BLOCK, 1, volume, run.reps
+    )
+    run.disk.append(run.raw)
+    for figure in run.appends:
+        if figure.policy != "always" or figure.mode != "asyncio" or figure.partitions != 1:
+            continue
+        every = max(1, round(figure.appends_per_fsync or 1))
+        mirror_volume = min(max(figure.appends * run.disk_bytes, 16 * MiB), 1 << 30)
+        mirror = disk_sequential(
+            directory,
+            f"{run.disk_bytes} B chunks, fdatasync every {every} (mirror of {figure.appenders})",
+            run.disk_bytes,
+            every,
+            mirror_volume,
+            run.reps,
+        )
+        run.disk.append(mirror)
+        run.mirrors[figure.case] = mirror
+    run.disk.append(disk_small_fsyncs(directory, min(2.0, run.seconds / 2)))
+    for figure in run.appends:
+        figure.ratio_to_raw = figure.payload_mb_s / run.raw.mb_s
+        mirror = run.mirrors.get(figure.case)
+        if mirror is not None:
+            figure.ratio_to_mirror = figure.disk_mb_s / mirror.mb_s
+
+
+def kafka_phase(run: Run) -> None:
+    progress("kafka backend against the local test broker (Tansu, in memory)")
+    try:
+        from headwater.bus.config import BusConfig
+        from headwater.bus.kafka.backend import KafkaBus
+        from headwater.bus.kafka.config import KafkaBusConfig
+        from headwater.config.model import HeadwaterConfig
+        from headwater.testing.broker import start_broker
+    except ImportError as e:
+        run.kafka_error = f"the kafka backend could not be imported: {e}"
+        progress(run.kafka_error)
+        return
+    try:
+        with start_broker() as broker:
+            config = HeadwaterConfig(
+                bus=BusConfig(
+                    backend="kafka",
+                    kafka=KafkaBusConfig(
+                        bootstrap_servers=broker.bootstrap_servers, default_partitions=1
+                    ),
+                )
+            )
+            pid = broker.process.pid
+            with KafkaBus.from_config(config) as bus:
+                topic = ""
+                for appenders in (1, 64):
+                    figure, topic = measure_appends(
+                        bus,
+                        backend="kafka",
+                        policy="acks=all",
+                        appenders=appenders,
+                        mode="asyncio",
+                        partitions=1,
+                        seconds=run.seconds,
+                        warmup=run.warmup,
+                        batch=run.batch,
+                        disk_bytes=run.disk_bytes,
+                        broker_pid=pid,
+                    )
+                    run.appends.append(figure)
+                run.reads.append(
+                    measure_read(
+                        bus,
+                        "kafka",
+                        topic,
+                        min_seconds=0.0,
+                        max_seconds=run.seconds * 2,
+                        broker_pid=pid,
+                    )
+                )
+    except Exception as e:  # report it and keep the embedded figures
+        run.kafka_error = f"{type(e).__name__}: {e}"
+        progress(f"kafka phase failed: {run.kafka_error}")
+
+
+def _primary(run: Run) -> AppendFigure | None:
+    for f in run.appends:
+        if (f.backend, f.policy, f.appenders, f.mode, f.partitions) == (
+            "embedded",
+            "always",
+            64,
+            "asyncio",
+            1,
+        ):
+            return f
+    return None
+
+
+def check_targets(run: Run) -> None:
+    primary = _primary(run)
+    if primary is not None and run.raw is not None:
+        best = max(
+            (
+                f
+                for f in run.appends
+                if f.backend == "embedded" and f.policy == "always" and f.appenders == 64
+            ),
+            key=lambda f: f.payload_mb_s,
+        )
+        run.targets.append(
+            Target(
+                "durable appends (always, 64 asyncio appenders, 1 partition)",
+                primary.payload_mb_s,
+                APPEND_TARGET * run.raw.mb_s,
+                "MB/s",
+                f"{primary.ratio_to_raw:.1%} of the raw disk's {fmt_number(run.raw.mb_s)} MB/s "
+                f"(target 50%); best 64-appender always variant: {best.case} at "
+                f"{fmt_number(best.payload_mb_s)} MB/s",
+            )
+        )
+    embedded_reads = [r for r in run.reads if r.backend == "embedded"]
+    if embedded_reads:
+        r = embedded_reads[0]
+        run.targets.append(
+            Target(
+                "reads (embedded, read(max_records=10000) over one partition)",
+                r.records_per_s,
+                READ_TARGET,
+                "records/s",
+                f"{fmt_number(float(r.records))} records, page cache warm",
+            )
+        )
+
+
+# -- output ---------------------------------------------------------------------------------------
+def append_rows(run: Run) -> tuple[list[str], list[list[object]]]:
+    headers = [
+        "case",
+        "records/s",
+        "MB/s",
+        "x raw",
+        "x mirror",
+        "fsync/s",
+        "appends/fsync",
+        "p50 ms",
+        "p99 ms",
+        "cores",
+        "machine",
+    ]
+    rows: list[list[object]] = []
+    for f in run.appends:
+        fsyncs_per_s: float | str | None = None
+        if f.fsyncs is not None:
+            fsyncs_per_s = f.fsyncs / f.seconds if f.fsyncs else "0"
+        rows.append(
+            [
+                f.case,
+                f.records_per_s,
+                f.payload_mb_s,
+                f"{f.ratio_to_raw:.1%}" if f.ratio_to_raw is not None else None,
+                f"{f.ratio_to_mirror:.1%}" if f.ratio_to_mirror is not None else None,
+                fsyncs_per_s,
+                f.appends_per_fsync,
+                f.latency_p50_ms,
+                f.latency_p99_ms,
+                f.process_cores + (f.broker_cores or 0.0),
+                f"{f.machine_busy:.0%}",
+            ]
+        )
+    return headers, rows
+
+
+def report(run: Run, markdown: bool = False) -> str:
+    info = machine_info(run.directory)
+    fs = info["filesystem"]
+    out = [
+        f"machine: {info['cpus']} cores ({info['cpu_model']}), {info['memory_gib']} GiB, "
+        f"Linux {info['kernel']}, Python {info['python']}",
+        f"directory: {run.directory} on {fs['device']} ({fs['type']}, mounted at {fs['mount']})",
+        f"workload: {RECORD_BYTES}-byte records (no key, no headers) in batches of "
+        f"{BATCH_RECORDS} ({run.disk_bytes} bytes per batch on disk); {run.seconds:g} s per "
+        f"case after {run.warmup:g} s of warm-up; the load generator runs in this process, on "
+        "the same 2 cores as the log",
+        "",
+        f"raw disk (same filesystem, median of {run.reps} run{'s' if run.reps > 1 else ''}):",
+    ]
+    disk_rows: list[list[object]] = [
+        [d.name, d.mb_s, d.fsyncs_per_s, f"{d.volume_bytes / MiB:.0f} MiB"] for d in run.disk
+    ]
+    out.append(
+        print_table(["reference", "MB/s", "fsync/s", "volume"], disk_rows, markdown=markdown)
+    )
+    out += [
+        "",
+        "appends (MB/s = record payload, 200 B x records/s; x raw = that / the raw disk's "
+        "1 MiB + fdatasync MB/s; x mirror = bytes the log wrote / the mirror of its pattern; "
+        "cores = CPU of this process (+ the broker's for kafka); machine = all CPUs busy):",
+    ]
+    headers, rows = append_rows(run)
+    out.append(print_table(headers, rows, markdown=markdown))
+    out += [
+        f"  {f.case}: {f.refused} appends refused by backpressure (BusUnavailable) and retried"
+        for f in run.appends
+        if f.refused
+    ]
+    out += ["", "reads:"]
+    read_rows: list[list[object]] = [
+        [
+            f"{r.backend} {r.topic}",
+            r.records_per_s,
+            r.payload_mb_s,
+            f"{r.records:,}",
+            "yes" if r.whole_topic else "no (time cap)",
+            r.process_cores + (r.broker_cores or 0.0),
+        ]
+        for r in run.reads
+    ]
+    out.append(
+        print_table(
+            ["topic", "records/s", "MB/s", "records read", "whole topic", "cores"],
+            read_rows,
+            markdown=markdown,
+        )
+    )
+    out.append("")
+    if run.kafka_error:
+        out.append(f"kafka: not measured: {run.kafka_error}")
+    else:
+        out.append(
+            "kafka: the test broker (Tansu) keeps its data in memory, so its figures are not a "
+            "durable-disk comparison, and it shares the 2 cores with this process."
+        )
+    out += ["", "targets:"]
+    out += [f"  {t.verdict()}" for t in run.targets]
+    for profile in run.profiles:
+        out += ["", *profile_lines(profile)]
+    return "\n".join(out)
+
+
+def profile_lines(profile: Profile) -> list[str]:
+    unit = profile.unit
+    out = [
+        f"where the time goes: {profile.what}",
+        f"  cProfile, wall clock of each thread, over {profile.operations} {unit}s "
+        f"({profile.records_per_op} records each). us/{unit} is self time per {unit}, waits "
+        "included (epoll, fdatasync, and taking the GIL back after a call that released it); "
+        "cProfile slows every Python call, so read the shares and calls more than the us:",
+    ]
+    for thread, rows in profile.cprofile.items():
+        total = profile.cprofile_thread_s.get(thread, 0.0)
+        per_op = total / profile.operations * 1e6 if profile.operations else float("nan")
+        out.append(
+            f"  thread {thread}: {total:.2f} s, {fmt_number(per_op)} us per {unit} (profiled)"
+        )
+        table = [
+            [
+                r["function"][:80],
+                r["self_us_per_op"],
+                f"{r['self_s'] / total:.0%}" if total else "-",
+                r["calls_per_op"],
+            ]
+            for r in rows[:12]
+        ]
+        headers = ["function", f"us/{unit}", "share", f"calls/{unit}"]
+        out += ["    " + line for line in print_table(headers, table).splitlines()]
+    ticks = profile.py_spy_seconds * profile.py_spy_rate
+    if profile.py_spy:
+        out.append(
+            f"  py-spy --gil, {profile.py_spy_seconds} s at {profile.py_spy_rate} Hz, "
+            f"{fmt_number(profile.py_spy_ops_per_s)} {unit}s/s while sampling (no cProfile "
+            f"overhead). Share of time each thread held the GIL, and its innermost frames "
+            f"with ~us of GIL per {unit}:"
+        )
+    for samples in profile.py_spy:
+        share = samples.samples / ticks if ticks else float("nan")
+        us = profile.py_spy_us_per_op(samples.samples)
+        out.append(
+            f"  thread {samples.thread}: held the GIL {share:.0%} of the time, "
+            f"~{fmt_number(us)} us per {unit}"
+        )
+        for function, count in samples.leaves[:8]:
+            us = profile.py_spy_us_per_op(count)
+            out.append(f"    {count / samples.samples:6.1%}  ~{fmt_number(us)} us  {function}")
+    if profile.py_spy_wall:
+        out.append(
+            f"  py-spy --idle, {profile.py_spy_seconds} s: where each thread's wall time goes "
+            "(innermost Python frame; a frame that made a system call stands for the call):"
+        )
+    for samples in profile.py_spy_wall:
+        if samples.samples < ticks / 10:
+            continue
+        out.append(f"  thread {samples.thread}:")
+        for function, count in samples.leaves[:6]:
+            out.append(f"    {count / samples.samples:6.1%}  {function}")
+    if profile.gc_off_records_per_s:
+        on, off = profile.gc_on_records_per_s, profile.gc_off_records_per_s
+        out.append(
+            f"  Python's cyclic GC: {fmt_number(on)} records/s with it on, {fmt_number(off)} "
+            f"with gc.disable() ({off / on - 1:+.0%}), same workload back to back, unprofiled"
+        )
+    return out
+
+
+def to_json(run: Run) -> dict[str, Any]:
+    return {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": machine_info(run.directory),
+        "workload": {
+            "record_bytes": RECORD_BYTES,
+            "batch_records": BATCH_RECORDS,
+            "batch_disk_bytes": run.disk_bytes,
+            "seconds_per_case": run.seconds,
+            "warmup_s": run.warmup,
+        },
+        "raw_disk": [d.as_dict() for d in run.disk],
+        "raw_disk_reference_mb_s": run.raw.mb_s if run.raw else None,
+        "appends": [f.as_dict() for f in run.appends],
+        "reads": [r.as_dict() for r in run.reads],
+        "kafka_error": run.kafka_error,
+        "targets": [{**asdict(t), "passed": t.passed, "verdict": t.verdict()} for t in run.targets],
+        "profiles": [asdict(p) for p in run.profiles],
+    }
+
+
+# -- main ---------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="seconds per measured case (default 3, --quick 1)",
+    )
+    parser.add_argument("--quick", action="store_true", help="a short run, under 40 s")
+    parser.add_argument(
+        "--format",
+        choices=("text", "markdown", "json"),
+        default="text",
+        help="text (default), markdown tables, or json on stdout",
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="parent of the temporary directory (default ./data); it must be on "
+        "the filesystem whose log you want to measure",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="profile the target cases: when they miss (auto), always, never",
+    )
+    parser.add_argument("--skip-kafka", action="store_true", help="leave out the kafka backend")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    return parser.parse_args(argv)
+
+
+@contextmanager
+def _directory(args: argparse.Namespace) -> Iterator[Path]:
+    directory = bench_directory(args.dir, "bench-bus-")
+    try:
+        yield directory
+    finally:
+        if args.keep:
+            progress(f"kept {directory}")
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    seconds = args.seconds if args.seconds is not None else (1.0 if args.quick else 3.0)
+    started = time.perf_counter()
+    with _directory(args) as directory:
+        batch = make_batch()
+        run = Run(
+            args=args,
+            directory=directory,
+            seconds=seconds,
+            warmup=min(0.5, seconds / 4),
+            reps=1 if args.quick else 3,
+            batch=batch,
+            disk_bytes=batch_disk_bytes(batch),
+        )
+        progress(f"benchmark directory {directory}")
+        embedded_phase(run)
+        disk_phase(run)
+        if not args.skip_kafka:
+            kafka_phase(run)
+        check_targets(run)
+        misses_append = any(not t.passed and t.name.startswith("durable") for t in run.targets)
+        if args.profile == "always" or (args.profile == "auto" and misses_append):
+            run.profiles.insert(
+                0,
+                profile_appends(
+                    directory, seconds, batch, run.disk_bytes, find_py_spy(), light=args.quick
+                ),
+            )
+        progress(f"done in {time.perf_counter() - started:.0f} s")
+        if args.format == "json":
+            emit_json(to_json(run))
+        else:
+            print(report(run, markdown=args.format == "markdown"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
