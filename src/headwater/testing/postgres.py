@@ -70,9 +70,9 @@ class _OsUser:
 
 
 def postgres_bindir() -> Path:
-    """The directory with ``initdb`` and ``pg_ctl``: ``$HEADWATER_PG_BINDIR``, Debian's
+    """The directory with ``initdb`` and ``pg_ctl``: ``$HW_PG_BINDIR``, Debian's
     PostgreSQL 15, ``pg_config --bindir``, or ``PATH``, in that order."""
-    override = os.environ.get("HEADWATER_PG_BINDIR")
+    override = os.environ.get("HW_PG_BINDIR")
     candidates: list[Path] = [Path(override)] if override else []
     candidates.append(_DEBIAN_BINDIR)
     pg_config = shutil.which("pg_config")
@@ -92,7 +92,7 @@ def postgres_bindir() -> Path:
     raise PostgresStartError(
         "PostgreSQL server binaries (initdb, pg_ctl) not found in "
         f"{', '.join(str(c) for c in candidates)}; run scripts/bootstrap.sh or "
-        "`apt-get install postgresql-15`, or set HEADWATER_PG_BINDIR"
+        "`apt-get install postgresql-15`, or set HW_PG_BINDIR"
     )
 
 

@@ -43,15 +43,15 @@ class RedisService:
 
 
 def redis_server_binary() -> Path:
-    """``$HEADWATER_REDIS_SERVER`` if set, else ``redis-server`` on ``PATH`` or in /usr/bin."""
-    override = os.environ.get("HEADWATER_REDIS_SERVER")
+    """``$HW_REDIS_SERVER`` if set, else ``redis-server`` on ``PATH`` or in /usr/bin."""
+    override = os.environ.get("HW_REDIS_SERVER")
     if override:
         return Path(override)
     found = shutil.which("redis-server") or shutil.which("redis-server", path="/usr/bin:/usr/sbin")
     if found is None:
         raise RedisStartError(
             "redis-server not found; run scripts/bootstrap.sh or `apt-get install redis-server`, "
-            "or set HEADWATER_REDIS_SERVER"
+            "or set HW_REDIS_SERVER"
         )
     return Path(found)
 
