@@ -95,6 +95,13 @@ class Bus(ABC):
     def append(self, topic: str, messages: Sequence[Message]) -> Future[Sequence[Position]]:
         """Append a batch. Validation errors raise at once; I/O errors fail the future."""
 
+    def append_many(
+        self, batches: Mapping[str, Sequence[Message]]
+    ) -> list[Future[Sequence[Position]]]:
+        """Append one batch per topic, all validated before any is appended. The embedded log
+        also queues them all or none, so a full queue never stores part of them."""
+        return [self.append(topic, messages) for topic, messages in batches.items()]
+
     @abstractmethod
     def flush(self, timeout: float | None = None) -> None:
         """Block until everything appended so far is durable."""

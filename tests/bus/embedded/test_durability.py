@@ -90,3 +90,22 @@ def test_a_full_write_queue_refuses_appends_instead_of_buffering(open_log: OpenL
     positions = [f.result(timeout=30)[0].offset for f in futures]
     assert refused > 0
     assert positions == list(range(len(futures))), "every accepted append was stored, in order"
+
+
+def test_append_many_queues_all_topics_or_none(open_log: OpenLog) -> None:
+    bus = open_log(durability="always", default_partitions=1, max_pending_bytes=5_000)
+    topics = ["a", "b", "c"]
+    for t in topics:
+        bus.create_topic(t)
+    accepted = refused = 0
+    for _ in range(500):
+        try:
+            futures = bus.append_many({t: [Message(b"x" * 1000)] for t in topics})
+        except BusUnavailable:
+            refused += 1
+            continue
+        accepted += 1
+        assert len(futures) == 3
+    bus.flush()
+    assert refused > 0 and accepted > 0
+    assert [bus.watermarks(t, 0)[1] for t in topics] == [accepted] * 3

@@ -192,6 +192,22 @@ class EmbeddedBus(Bus):
 
     # -- writing --------------------------------------------------------------------------
     def append(self, topic: str, messages: Sequence[Message]) -> Future[Sequence[Position]]:
+        future, items = self._prepare(topic, messages)
+        if items:
+            self._writer.submit(items)
+        return future
+
+    def append_many(
+        self, batches: Mapping[str, Sequence[Message]]
+    ) -> list[Future[Sequence[Position]]]:
+        prepared = [self._prepare(topic, messages) for topic, messages in batches.items()]
+        self._writer.submit([item for _, items in prepared for item in items])
+        return [future for future, _ in prepared]
+
+    def _prepare(
+        self, topic: str, messages: Sequence[Message]
+    ) -> tuple[Future[Sequence[Position]], list[tuple[Partition, fmt.EncodedBatch, Done]]]:
+        """Validate and encode a batch: its future and what to queue for the writer."""
         self._check_writable()
         parts = self._topics.get(topic)
         if parts is None:
@@ -205,20 +221,20 @@ class EmbeddedBus(Bus):
         future: Future[Sequence[Position]] = Future()
         if not messages:
             future.set_result([])
-            return future
+            return future, []
         groups = self._partitioner.split(topic, len(parts), messages)
         stamp = now_ms()
         if len(groups) == 1:
             ((p, _),) = groups.items()
-            items = [(parts[p], fmt.encode(messages, stamp), _single(future, p, len(messages)))]
-        else:  # every part is encoded before any is queued: a failure then appends nothing
-            gather = _Gather(future, len(messages), len(groups))
-            items = [
-                (parts[p], fmt.encode([messages[i] for i in idx], stamp), gather.part(p, idx))
-                for p, idx in groups.items()
+            return future, [
+                (parts[p], fmt.encode(messages, stamp), _single(future, p, len(messages)))
             ]
-        self._writer.submit(items)
-        return future
+        # every part is encoded before any is queued: a failure then appends nothing
+        gather = _Gather(future, len(messages), len(groups))
+        return future, [
+            (parts[p], fmt.encode([messages[i] for i in idx], stamp), gather.part(p, idx))
+            for p, idx in groups.items()
+        ]
 
     def flush(self, timeout: float | None = None) -> None:
         self._check_open()
