@@ -27,6 +27,8 @@ class OffsetOutOfRange(BusError):
 
 class RecordTooLarge(BusError):
     code = "HW-BUS-005"
+    index: int = -1  #: which record of the batch
+    size: int = 0  #: its size in bytes
 
 
 class TopicExists(BusError):

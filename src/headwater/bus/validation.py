@@ -49,7 +49,9 @@ def validate_batch(topic: str, messages: Sequence[Message], max_record_bytes: in
                 )
             size += len(name) + len(hvalue) + 6
         if size > max_record_bytes:
-            raise RecordTooLarge(
+            error = RecordTooLarge(
                 f"record {i} of the batch for {topic!r} is {size} bytes; "
                 f"the limit (max_record_bytes) is {max_record_bytes}"
             )
+            error.index, error.size = i, size
+            raise error

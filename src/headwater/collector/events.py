@@ -1,0 +1,129 @@
+"""What every intake produces: events with their bytes as sent, and the request's context.
+
+An intake (Raccoon, Segment, Jitsu, OTLP) decodes a request into ``Intake``: the events, each
+with its type and the exact bytes to store, plus what it learned of the request. The publisher
+turns them into bus messages whose headers carry the context (``headwater.bus.context``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import NamedTuple
+
+from headwater.bus import context
+from headwater.bus.records import Header, Message
+
+
+class EventIn(NamedTuple):
+    """One event: its type, the bytes to store exactly, and optionally a partition key."""
+
+    type: str
+    value: bytes
+    content_type: str
+    key: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """What the collector knows about the request that carried some events."""
+
+    protocol: str
+    source: str
+    request_id: str
+    received_ms: int
+    client_ip: str = ""
+    user_agent: str = ""
+
+    def shared_headers(self) -> tuple[Header, ...]:
+        """The headers every event of the request carries."""
+        received = datetime.fromtimestamp(self.received_ms / 1000, UTC)
+        headers: list[Header] = [
+            (context.SOURCE, self.source.encode()),
+            (context.REQUEST_ID, self.request_id.encode()),
+            (context.RECEIVED_AT, received.isoformat(timespec="milliseconds")[:-6].encode() + b"Z"),
+            (context.PROTOCOL, self.protocol.encode()),
+        ]
+        if self.client_ip:
+            headers.append((context.CLIENT_IP, self.client_ip.encode()))
+        if self.user_agent:
+            headers.append((context.USER_AGENT, self.user_agent.encode()))
+        return tuple(headers)
+
+
+@dataclass(slots=True)
+class Intake:
+    """A decoded request: its events and the request id the client gave (if any)."""
+
+    events: list[EventIn]
+    request_id: str | None = None
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+def to_messages(events: list[EventIn], ctx: RequestContext) -> list[Message]:
+    """Bus messages for ``events``: values untouched, context in headers, one UUIDv7 each."""
+    shared = ctx.shared_headers()
+    ids = uuid7_batch(len(events), ctx.received_ms)
+    ts = ctx.received_ms
+    type_header = context.TYPE
+    ctype_header = context.CONTENT_TYPE
+    id_header = context.EVENT_ID
+    return [
+        Message(
+            e.value,
+            e.key,
+            (
+                (type_header, e.type.encode()),
+                (ctype_header, e.content_type.encode()),
+                (id_header, eid),
+                *shared,
+            ),
+            ts,
+        )
+        for e, eid in zip(events, ids, strict=True)
+    ]
+
+
+class _Uuid7:
+    """UUIDv7 (RFC 9562): 48-bit Unix ms, a 12-bit counter (monotonic within a millisecond),
+    62 random bits. Ids from one process sort by creation."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ms = 0
+        self._counter = 0
+
+    def batch(self, n: int, now_ms: int) -> list[bytes]:
+        with self._lock:
+            if now_ms > self._ms:
+                self._ms, self._counter = now_ms, int.from_bytes(os.urandom(1))
+            start_ms, start = self._ms, self._counter
+            total = start + n
+            self._ms += total >> 12
+            self._counter = total & 0xFFF
+        rand = int.from_bytes(os.urandom(8)) & ((1 << 62) - 1)
+        out = []
+        for i in range(n):
+            c = start + i
+            ms = start_ms + (c >> 12)
+            value = (
+                (ms << 80)
+                | (0x7 << 76)
+                | ((c & 0xFFF) << 64)
+                | (0b10 << 62)
+                | ((rand + i) & ((1 << 62) - 1))
+            )
+            h = f"{value:032x}"
+            out.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}".encode())
+        return out
+
+
+_UUID7 = _Uuid7()
+
+
+def uuid7_batch(n: int, now_ms: int | None = None) -> list[bytes]:
+    """``n`` new UUIDv7s as canonical text (bytes)."""
+    return _UUID7.batch(n, now_ms if now_ms is not None else time.time_ns() // 1_000_000)

@@ -1,0 +1,144 @@
+"""The collector's metrics: Prometheus (served on /metrics) and, optionally, StatsD.
+
+Counters are bumped once per request and type, never per event. Event types are the clients'
+words, so the ``type`` label holds at most ``MAX_TYPES`` distinct values; later ones count as
+``other``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections import Counter as Tally
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from headwater.collector.config import StatsdConfig
+from headwater.collector.events import EventIn
+
+log = logging.getLogger(__name__)
+
+MAX_TYPES = 1000
+LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        p = "headwater_collector_"
+        self.events_received = Counter(
+            p + "events_received", "Events decoded", ["type", "protocol"], registry=r
+        )
+        self.bytes_received = Counter(
+            p + "bytes_received", "Event bytes decoded", ["type"], registry=r
+        )
+        self.events_published = Counter(
+            p + "events_published", "Events durable on the log", ["type"], registry=r
+        )
+        self.bytes_published = Counter(
+            p + "bytes_published", "Event bytes durable on the log", ["type"], registry=r
+        )
+        self.ack_latency = Histogram(
+            p + "ack_latency_seconds",
+            "Time from receiving a request to acknowledging it",
+            ["protocol"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.connections = Gauge(p + "connections", "Open WebSocket connections", registry=r)
+        self.rejects = Counter(p + "rejects", "Requests refused", ["reason"], registry=r)
+        self.lost = Counter(
+            p + "lost_after_ack",
+            "Batches acked on receipt (ack: received) that the log did not store",
+            registry=r,
+        )
+        self._types: set[str] = set()
+
+    def _label(self, event_type: str) -> str:
+        if event_type in self._types:
+            return event_type
+        if len(self._types) < MAX_TYPES:
+            self._types.add(event_type)
+            return event_type
+        return "other"
+
+    def received(self, topic: str, events: Sequence[EventIn], protocol: str) -> None:
+        counts: Tally[str] = Tally()
+        sizes: Tally[str] = Tally()
+        for e in events:
+            counts[e.type] += 1
+            sizes[e.type] += len(e.value)
+        for t, n in counts.items():
+            label = self._label(t)
+            self.events_received.labels(label, protocol).inc(n)
+            self.bytes_received.labels(label).inc(sizes[t])
+
+    def published(self, topic: str, events: Sequence[EventIn]) -> None:
+        counts: Tally[str] = Tally()
+        sizes: Tally[str] = Tally()
+        for e in events:
+            counts[e.type] += 1
+            sizes[e.type] += len(e.value)
+        for t, n in counts.items():
+            label = self._label(t)
+            self.events_published.labels(label).inc(n)
+            self.bytes_published.labels(label).inc(sizes[t])
+
+    def rejected(self, reason: str) -> None:
+        self.rejects.labels(reason).inc()
+
+    def lost_after_ack(self) -> None:
+        self.lost.inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class StatsdExporter:
+    """Sends the counters' increments and the gauges' values over UDP every interval."""
+
+    def __init__(self, metrics: Metrics, config: StatsdConfig) -> None:
+        self._metrics = metrics
+        self._config = config
+        self._last: dict[str, float] = {}
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.setblocking(False)
+
+    def lines(self) -> list[str]:
+        out = []
+        for family in self._metrics.registry.collect():
+            for sample in family.samples:
+                if sample.name.endswith(("_created", "_bucket")):
+                    continue
+                labels = ".".join(
+                    f"{v}".replace(".", "_") for _, v in sorted(sample.labels.items())
+                )
+                name = f"{self._config.prefix}.{sample.name}" + (f".{labels}" if labels else "")
+                if family.type == "gauge":
+                    out.append(f"{name}:{sample.value:g}|g")
+                    continue
+                delta = sample.value - self._last.get(name, 0.0)
+                self._last[name] = sample.value
+                if delta:
+                    out.append(f"{name}:{delta:g}|c")
+        return out
+
+    async def run(self) -> None:
+        address = (self._config.host, self._config.port)
+        while True:
+            await asyncio.sleep(self._config.interval_s)
+            self.flush(address)
+
+    def flush(self, address: tuple[str, int]) -> None:
+        for line in self.lines():
+            try:
+                self._sock.sendto(line.encode(), address)
+            except OSError as e:  # metrics never take the collector down
+                log.debug("statsd send failed: %s", e)
+                return
+
+    def close(self) -> None:
+        self._sock.close()
