@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import queue
@@ -20,7 +19,6 @@ import pytest
 from click.testing import CliRunner
 
 from headwater.ops.cli import cli
-from headwater.ops.up import Health, HealthServer
 
 DEADLINE_S = 30.0
 
@@ -34,7 +32,7 @@ def config_file(tmp_path: Path) -> Path:
 
 def up_command(config_file: Path) -> list[str]:
     cmd = [sys.executable, "-m", "headwater.ops.cli", "--config", str(config_file)]
-    return [*cmd, "up", "--port", "0"]
+    return [*cmd, "up", "--port", "0", "--grpc-port", "0"]
 
 
 def clean_env() -> dict[str, str]:
@@ -128,8 +126,8 @@ def test_up_serves_health_and_stops_cleanly_on_sigterm(config_file: Path) -> Non
 
     up = UpProcess(config_file)
     try:
-        url = up.wait_for_line("headwater: health at ").split(" at ", 1)[1]
         log_line = up.wait_for_line("headwater: bus open: ")
+        url = up.wait_for_line("headwater: health at ").split(" at ", 1)[1]
         assert str(config_file.parent / "state" / "log") in log_line
         up.wait_for_line("headwater: ready")
 
@@ -192,45 +190,3 @@ def test_port_in_use_is_a_clean_error(config_file: Path) -> None:
     assert "Traceback" not in err
 
 
-# -- the health responder, in-process ---------------------------------------------------------
-
-
-async def request(port: int, raw: bytes) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(raw)
-    await writer.drain()
-    writer.write_eof()
-    response = await reader.read()
-    writer.close()
-    await writer.wait_closed()
-    return response
-
-
-def test_health_responder() -> None:
-    async def scenario() -> list[bytes]:
-        health = Health()
-        server = HealthServer(health, "127.0.0.1", 0)
-        await server.start()
-        try:
-            out = [await request(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")]
-            health.state = "ok"
-            out.append(await request(server.port, b"GET /healthz?x=1 HTTP/1.1\r\n\r\n"))
-            out.append(await request(server.port, b"HEAD /healthz HTTP/1.1\r\n\r\n"))
-            out.append(await request(server.port, b"POST /healthz HTTP/1.1\r\n\r\n"))
-            out.append(await request(server.port, b"nonsense\r\n\r\n"))
-            out.append(await request(server.port, b"GET /healthz HTTP/1.1\r\n"))  # cut short
-            return out
-        finally:
-            await server.stop()
-
-    starting, ok, head, post, garbage, short = asyncio.run(scenario())
-    assert starting.startswith(b"HTTP/1.1 503 ")
-    assert starting.endswith(b"\r\n\r\nstarting\n")
-    assert ok.startswith(b"HTTP/1.1 200 OK\r\n")
-    assert ok.endswith(b"\r\n\r\nok\n")
-    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
-    assert head.endswith(b"\r\n\r\n")
-    assert post.startswith(b"HTTP/1.1 405 ")
-    assert b"Allow: GET, HEAD" in post
-    assert garbage.startswith(b"HTTP/1.1 400 ")
-    assert short.startswith(b"HTTP/1.1 400 ")

@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field
 
 from headwater.bus.config import BusConfig
+from headwater.collector.config import CollectorConfig
 from headwater.config.base import Section
 
 
@@ -15,6 +16,9 @@ class HeadwaterConfig(Section):
         Path("./data"), description="Root of local state: log, checkpoints, DuckDB warehouse."
     )
     bus: BusConfig = Field(default_factory=BusConfig, description="The log between services.")
+    collector: CollectorConfig = Field(
+        default_factory=CollectorConfig, description="The event intake (HTTP, WebSocket, gRPC)."
+    )
 
     def log_dir(self) -> Path:
         """Where the embedded log lives."""

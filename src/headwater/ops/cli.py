@@ -11,7 +11,7 @@ from headwater.errors import HeadwaterError
 from headwater.ops.config_cmds import config_group
 from headwater.ops.context import cli_config, config_option, group_config_option
 from headwater.ops.log_cmds import log_group
-from headwater.ops.up import DEFAULT_HOST, DEFAULT_PORT, run_up
+from headwater.ops.up import Listen, run
 
 EXIT_ERROR = 1
 
@@ -51,26 +51,58 @@ cli.add_command(config_group)
 cli.add_command(log_group)
 
 
+def _listen_options(f: Any) -> Any:
+    f = click.option(
+        "--grpc-port",
+        type=click.IntRange(0, 65535),
+        default=None,
+        help="Port of the gRPC server [default: collector.grpc_port].",
+    )(f)
+    f = click.option(
+        "--port",
+        type=click.IntRange(0, 65535),
+        default=None,
+        help="HTTP/WebSocket port (0: any free port; the URL is printed) "
+        "[default: collector.port, 8080].",
+    )(f)
+    return click.option(
+        "--host", default=None, help="Address to listen on [default: collector.host, 127.0.0.1]."
+    )(f)
+
+
 @cli.command("up")
-@click.option("--host", default=DEFAULT_HOST, show_default=True, help="Address to listen on.")
-@click.option(
-    "--port",
-    default=DEFAULT_PORT,
-    show_default=True,
-    type=click.IntRange(0, 65535),
-    help="Port to listen on (0: any free port; the URL is printed).",
-)
+@_listen_options
 @config_option
 @click.pass_context
-def up_cmd(ctx: click.Context, host: str, port: int) -> None:
+def up_cmd(ctx: click.Context, host: str | None, port: int | None, grpc_port: int | None) -> None:
     """Run headwater on this machine until SIGTERM or Ctrl-C.
 
-    Opens the configured bus (the embedded log under data_dir by default) and serves
-    GET /healthz (200 "ok" once the bus is open). On SIGTERM or SIGINT it closes the bus, which
-    flushes it and persists the writers' offsets, and exits 0.
+    Opens the configured bus (the embedded log under data_dir by default) and runs the
+    collector on it; GET /healthz answers 200 once it is ready. On SIGTERM or SIGINT it stops
+    gracefully: in-flight requests finish, WebSockets close with 1001, and the bus is flushed
+    and closed.
     """
-    config = cli_config(ctx)
-    run_up(config, host, port, echo=click.echo)
+    run(cli_config(ctx), Listen(host, port, grpc_port), echo=click.echo)
+
+
+@cli.command("collector")
+@_listen_options
+@config_option
+@click.pass_context
+def collector_cmd(
+    ctx: click.Context, host: str | None, port: int | None, grpc_port: int | None
+) -> None:
+    """Run the collector alone (with bus: kafka, for scale-out) until SIGTERM or Ctrl-C."""
+    run(cli_config(ctx), Listen(host, port, grpc_port), echo=click.echo)
+
+
+@cli.command("hash-key")
+@click.argument("key")
+def hash_key_cmd(key: str) -> None:
+    """Print the hashed form of a write key, for collector.sources[].write_keys."""
+    from headwater.collector.auth import hash_key
+
+    click.echo(hash_key(key))
 
 
 def main() -> None:

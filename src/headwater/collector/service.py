@@ -1,0 +1,383 @@
+"""The collector, independent of the server it runs in: every intake's request handling.
+
+The HTTP/WebSocket server and the gRPC server only move bytes; this module decides what each
+request means, who sent it, where its events go and what the client is told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+from headwater.bus.base import Bus
+from headwater.collector.admission import Admission
+from headwater.collector.auth import WriteKeys, key_from_headers
+from headwater.collector.config import CollectorConfig
+from headwater.collector.errors import Rejected, bad_request
+from headwater.collector.events import Intake, RequestContext
+from headwater.collector.limits import Connections
+from headwater.collector.metrics import Metrics
+from headwater.collector.protocols import jitsu, otlp, raccoon, segment
+from headwater.collector.protocols.body import decode_body
+from headwater.collector.publisher import Publisher
+from headwater.collector.routing import Router
+
+log = logging.getLogger(__name__)
+
+RACCOON_SOURCE = "raccoon"
+SEGMENT_CALLS = frozenset({"batch", "track", "identify", "page", "screen", "group", "alias"})
+JSON = "application/json"
+
+
+@dataclass(slots=True)
+class HttpRequest:
+    method: str
+    path: str
+    headers: Mapping[str, str]  # lowercase names
+    body: bytes
+    peer: str
+    query: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class HttpResponse:
+    status: int
+    body: bytes
+    content_type: str = JSON
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Connection:
+    """One Raccoon WebSocket connection: who it is, and the requests it recently sent."""
+
+    identity: str
+    source: str
+    client_ip: str
+    user_agent: str
+    recent: OrderedDict[str, asyncio.Future[None]] = field(default_factory=OrderedDict)
+
+
+class Collector:
+    def __init__(
+        self, config: CollectorConfig, bus: Bus, *, max_record_bytes: int, log_dir: object = None
+    ) -> None:
+        self.config = config
+        self.bus = bus
+        self.metrics = Metrics()
+        self.keys = WriteKeys(config.sources)
+        self.connections = Connections(
+            config.raccoon.max_connections, config.raccoon.max_connections_per_identity
+        )
+        self.admission = Admission(bus, config.admission, log_dir)  # type: ignore[arg-type]
+        self.publisher = Publisher(
+            bus,
+            durable=config.ack == "durable",
+            max_record_bytes=max_record_bytes,
+            admission=self.admission,
+            metrics=self.metrics,
+            retry_after_s=config.admission.retry_after_s,
+        )
+        self.raccoon_router = Router(config.raccoon.topic_pattern)
+        self.json_router = Router(config.topic_pattern)
+        self._source_routers = {
+            s.id: Router(s.topic_pattern) for s in config.sources if s.topic_pattern
+        }
+        self._trusted = [ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies]
+        self.ready = False
+        self.draining = False
+
+    # -- context ----------------------------------------------------------------------------
+    def client_ip(self, peer: str, headers: Mapping[str, str]) -> str:
+        """The client's address: the peer, or, when the peer is a trusted proxy, the nearest
+        untrusted address in X-Forwarded-For."""
+        if not self._trusted or not self._is_trusted(peer):
+            return peer
+        forwarded = [a.strip() for a in headers.get("x-forwarded-for", "").split(",") if a.strip()]
+        for address in reversed(forwarded):
+            if not self._is_trusted(address):
+                return address
+        return forwarded[0] if forwarded else peer
+
+    def _is_trusted(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in net for net in self._trusted)
+
+    def _context(
+        self, protocol: str, source: str, request_id: str | None, client_ip: str, user_agent: str
+    ) -> RequestContext:
+        return RequestContext(
+            protocol,
+            source,
+            request_id or str(uuid.uuid4()),
+            time.time_ns() // 1_000_000,
+            client_ip,
+            user_agent,
+        )
+
+    def raccoon_source(self, headers: Mapping[str, str]) -> str:
+        """The source of a Raccoon request: "raccoon" when open, the key's owner when keyed."""
+        if self.config.raccoon.auth == "open":
+            return RACCOON_SOURCE
+        return self.keys.source_for(key_from_headers(headers))
+
+    async def _publish(self, intake: Intake, ctx: RequestContext, router: Router) -> None:
+        if len(intake.events) > self.config.limits.max_batch_events:
+            raise bad_request(
+                f"the request has {len(intake.events)} events; the limit is "
+                f"{self.config.limits.max_batch_events} (collector.limits.max_batch_events)",
+                kind="too_many_events",
+            )
+        started = time.perf_counter()
+        await self.publisher.publish(intake.events, ctx, router)
+        self.metrics.ack_latency.labels(ctx.protocol).observe(time.perf_counter() - started)
+
+    # -- Raccoon over WebSocket -------------------------------------------------------------
+    def open_connection(self, headers: Mapping[str, str], peer: str) -> Connection:
+        """Admit a WebSocket connection, or raise ``Rejected`` (limits, auth, draining)."""
+        if self.draining:
+            raise Rejected(
+                "the collector is shutting down", status=503, retry_after=1, kind="shutting_down"
+            )
+        cfg = self.config.raccoon
+        identity = headers.get(cfg.identity_header.lower(), "")
+        if not identity:
+            raise bad_request(f"the {cfg.identity_header} header is required", kind="no_identity")
+        if cfg.group_header:
+            identity = f"{identity}\x00{headers.get(cfg.group_header.lower(), '')}"
+        source = self.raccoon_source(headers)
+        self.connections.open(identity)
+        self.metrics.connections.inc()
+        return Connection(
+            identity, source, self.client_ip(peer, headers), headers.get("user-agent", "")
+        )
+
+    def close_connection(self, conn: Connection) -> None:
+        self.connections.close(conn.identity)
+        self.metrics.connections.dec()
+
+    async def raccoon_message(self, conn: Connection, data: bytes | str) -> bytes | str:
+        """Handle one WebSocket message (binary: protobuf; text: JSON) and return the response
+        in the same encoding. A repeated ``req_guid`` on the connection is not published again:
+        it gets the first one's outcome."""
+        as_json = isinstance(data, str)
+        encode_ok = raccoon.ok_response_json if as_json else raccoon.ok_response_bytes
+        encode_error = raccoon.error_response_json if as_json else raccoon.error_response_bytes
+        req_guid = ""
+        try:
+            intake = (
+                raccoon.decode_request_json(data, self.config.limits)
+                if as_json
+                else raccoon.decode_request(data, self.config.limits)  # type: ignore[arg-type]
+            )
+            req_guid = intake.request_id or ""
+            await self._once(
+                conn,
+                req_guid,
+                lambda: self._publish(
+                    intake,
+                    self._context(
+                        "raccoon-ws", conn.source, req_guid, conn.client_ip, conn.user_agent
+                    ),
+                    self.raccoon_router,
+                ),
+            )
+        except Rejected as e:
+            self.metrics.rejected(e.kind)
+            return encode_error(e, req_guid or None)
+        return encode_ok(req_guid)
+
+    async def _once(
+        self, conn: Connection, req_guid: str, publish: Callable[[], Awaitable[None]]
+    ) -> None:
+        window = self.config.raccoon.dedup_window
+        if not req_guid or not window:
+            await publish()
+            return
+        earlier = conn.recent.get(req_guid)
+        if earlier is not None:
+            self.metrics.rejected("duplicate_request")
+            await asyncio.shield(earlier)  # the first attempt's outcome is this one's
+            return
+        outcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        conn.recent[req_guid] = outcome
+        while len(conn.recent) > window:
+            conn.recent.popitem(last=False)
+        try:
+            await publish()
+        except BaseException as e:
+            conn.recent.pop(req_guid, None)  # a failed request may be sent again
+            outcome.set_exception(e)
+            outcome.exception()  # retrieved: nobody else may be waiting
+            raise
+        outcome.set_result(None)
+
+    # -- Raccoon over gRPC ------------------------------------------------------------------
+    async def raccoon_grpc(self, data: bytes, metadata: Mapping[str, str], peer: str) -> bytes:
+        req_guid = ""
+        try:
+            source = self.raccoon_source(metadata)
+            intake = raccoon.decode_request(data, self.config.limits)
+            req_guid = intake.request_id or ""
+            ctx = self._context(
+                "raccoon-grpc",
+                source,
+                req_guid,
+                self.client_ip(peer, metadata),
+                metadata.get("user-agent", ""),
+            )
+            await self._publish(intake, ctx, self.raccoon_router)
+        except Rejected as e:
+            self.metrics.rejected(e.kind)
+            return raccoon.error_response_bytes(e, req_guid or None)
+        return raccoon.ok_response_bytes(req_guid)
+
+    # -- HTTP -------------------------------------------------------------------------------
+    async def http(self, req: HttpRequest) -> HttpResponse:
+        """Every plain HTTP route of the collector."""
+        if req.method == "GET":
+            return self._get(req.path)
+        if req.method != "POST":
+            return _plain(405, f"{req.method} is not allowed on {req.path}")
+        path = req.path.rstrip("/") or "/"
+        if path == "/api/v1/events":
+            return await self._raccoon_rest(req)
+        if path.startswith("/v1/") and path[4:] in SEGMENT_CALLS:
+            return await self._json_api(req, "segment", path[4:])
+        if path.startswith("/api/s/") and len(path) > 7:
+            return await self._json_api(req, "jitsu", path[7:])
+        if path == "/api/v1/event":
+            return await self._json_api(req, "jitsu-classic", "")
+        if path == "/v1/logs":
+            return await self._json_api(req, "otlp", "")
+        return _plain(404, f"no such endpoint: POST {req.path}")
+
+    def _get(self, path: str) -> HttpResponse:
+        if path == "/healthz":
+            return _plain(200 if self.ready else 503, "ok" if self.ready else "starting")
+        if path == "/readyz":
+            if not self.ready or self.draining:
+                return _plain(503, "draining" if self.draining else "starting")
+            if self.admission.refusal:
+                return _plain(503, self.admission.refusal)
+            return _plain(200, "ready")
+        if path == "/metrics":
+            return HttpResponse(200, self.metrics.render(), "text/plain; version=0.0.4")
+        return _plain(404, f"no such endpoint: GET {path}")
+
+    async def _raccoon_rest(self, req: HttpRequest) -> HttpResponse:
+        media = req.headers.get("content-type", "").split(";")[0].strip().lower()
+        as_json = media == JSON
+        req_guid = ""
+        try:
+            if media not in (
+                JSON,
+                "application/proto",
+                "application/x-protobuf",
+                "application/protobuf",
+                "application/octet-stream",
+            ):
+                raise Rejected(
+                    f"content type {media or '(none)'!r} is not accepted: send "
+                    "application/proto or application/json",
+                    status=415,
+                    kind="content_type",
+                )
+            body = decode_body(
+                req.body, req.headers.get("content-encoding"), self.config.limits.max_body_bytes
+            )
+            source = self.raccoon_source(req.headers)
+            intake = (
+                raccoon.decode_request_json(body, self.config.limits)
+                if as_json
+                else raccoon.decode_request(body, self.config.limits)
+            )
+            req_guid = intake.request_id or ""
+            ctx = self._context(
+                "raccoon-rest",
+                source,
+                req_guid,
+                self.client_ip(req.peer, req.headers),
+                req.headers.get("user-agent", ""),
+            )
+            await self._publish(intake, ctx, self.raccoon_router)
+        except Rejected as e:
+            self.metrics.rejected(e.kind)
+            body_out = (
+                raccoon.error_response_json(e, req_guid or None).encode()
+                if as_json
+                else raccoon.error_response_bytes(e, req_guid or None)
+            )
+            return _with_retry(
+                HttpResponse(e.status, body_out, JSON if as_json else "application/proto"), e
+            )
+        if as_json:
+            return HttpResponse(200, raccoon.ok_response_json(req_guid).encode(), JSON)
+        return HttpResponse(200, raccoon.ok_response_bytes(req_guid), "application/proto")
+
+    async def _json_api(self, req: HttpRequest, api: str, arg: str) -> HttpResponse:
+        limits = self.config.limits
+        media = req.headers.get("content-type", "").split(";")[0].strip().lower()
+        try:
+            body = decode_body(req.body, req.headers.get("content-encoding"), limits.max_body_bytes)
+            if api == "segment":
+                intake = segment.decode_segment(arg, body, limits)
+            elif api == "jitsu":
+                intake = jitsu.decode_jitsu_typed(arg, body, limits)
+            elif api == "jitsu-classic":
+                intake = jitsu.decode_jitsu_classic(body, limits)
+            else:
+                intake = otlp.decode_otlp_logs(body, media, limits)
+            key = key_from_headers(req.headers, req.query) or intake.meta.get("write_key")
+            source = self.keys.source_for(key)
+            ctx = self._context(
+                api.split("-")[0],
+                source,
+                intake.request_id,
+                self.client_ip(req.peer, req.headers),
+                req.headers.get("user-agent", ""),
+            )
+            await self._publish(intake, ctx, self._source_routers.get(source, self.json_router))
+        except Rejected as e:
+            self.metrics.rejected(e.kind)
+            return _with_retry(_json_error(api, media, e), e)
+        return _json_ok(api, media)
+
+
+def _json_ok(api: str, media: str) -> HttpResponse:
+    if api == "otlp":
+        body, content_type = otlp.encode_otlp_response(media)
+        return HttpResponse(200, body, content_type)
+    if api == "jitsu":
+        return HttpResponse(200, jitsu.TYPED_SUCCESS_BODY)
+    if api == "jitsu-classic":
+        return HttpResponse(200, jitsu.CLASSIC_SUCCESS_BODY)
+    return HttpResponse(200, segment.SUCCESS_BODY)
+
+
+def _json_error(api: str, media: str, e: Rejected) -> HttpResponse:
+    if api == "otlp":
+        body, content_type = otlp.encode_otlp_status(media, e)
+        return HttpResponse(e.status, body, content_type)
+    if api.startswith("jitsu"):
+        return HttpResponse(e.status, jitsu.error_body(e))
+    return HttpResponse(e.status, segment.error_body(e))
+
+
+def _with_retry(resp: HttpResponse, e: Rejected) -> HttpResponse:
+    if e.retry_after is not None:
+        resp.headers.append(("retry-after", str(e.retry_after)))
+    return resp
+
+
+def _plain(status: int, text: str) -> HttpResponse:
+    return HttpResponse(status, text.encode() + b"\n", "text/plain; charset=utf-8")
