@@ -322,3 +322,75 @@ def test_graceful_shutdown_finishes_in_flight_and_closes_with_1001(bus: Embedded
     assert code == aiohttp.WSCloseCode.GOING_AWAY
     assert {a.encode() for a in acked} <= stored, "every acked request is on the log"
     assert len(responses) == 20, "every in-flight request was answered before the close"
+
+
+def test_json_apis_preflight_keys_and_empty_exports(bus: EmbeddedBus) -> None:
+    from headwater.collector.auth import hash_key
+    from headwater.collector.config import SourceConfig
+
+    config = CollectorConfig(sources=[SourceConfig(id="web", write_keys=[hash_key("K1")])])
+
+    async def scenario(server: RunningCollector) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        origin = {"Origin": "https://shop.example"}
+        async with aiohttp.ClientSession() as s:
+            async with s.options(server.url + "/v1/batch", headers=origin) as r:
+                out["preflight"] = (r.status, dict(r.headers))
+            event = {"type": "track", "event": "Bought", "userId": "u1", "writeKey": "K2"}
+            async with s.post(
+                server.url + "/v1/track", json=event, headers={**origin, "X-Write-Key": "K1"}
+            ) as r:
+                out["two_keys"] = (
+                    r.status,
+                    await r.json(),
+                    r.headers.get("access-control-allow-origin"),
+                )
+            async with s.post(
+                server.url + "/api/s/s2s/track",
+                json={"userId": "u2", "event": "x"},
+                headers={"X-Write-Key": "K1"},
+            ) as r:
+                out["s2s"] = r.status
+            async with s.post(server.url + "/v1/logs", json={}, headers={"X-Write-Key": "K1"}) as r:
+                out["empty_otlp"] = r.status
+        return out
+
+    with running_collector(bus, config) as server:
+        out = run(scenario(server))
+    status, headers = out["preflight"]
+    assert status == 204 and headers["Access-Control-Allow-Origin"] == "https://shop.example"
+    assert "X-Write-Key" in headers["Access-Control-Allow-Headers"]
+    status, body, allow_origin = out["two_keys"]
+    assert status == 401 and "two different write keys" in json.dumps(body)
+    assert allow_origin == "https://shop.example"
+    assert out["s2s"] == 200 and out["empty_otlp"] == 200
+    assert [t.name for t in bus.topics()] == ["events-track"]
+
+
+def test_statsd_export(bus: EmbeddedBus) -> None:
+    import socket
+
+    from headwater.collector.config import StatsdConfig
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.bind(("127.0.0.1", 0))
+        udp.settimeout(10)
+        port = udp.getsockname()[1]
+        config = CollectorConfig(statsd=StatsdConfig(port=port, interval_s=0.05, prefix="hw"))
+
+        async def send(server: RunningCollector) -> None:
+            async with (
+                aiohttp.ClientSession() as s,
+                s.ws_connect(server.ws_url, headers=USER) as ws,
+            ):
+                await ws.send_bytes(request_bytes("sd", [("stat", b"123")]))
+                await ws.receive_bytes(timeout=10)
+
+        with running_collector(bus, config) as server:
+            run(send(server))
+            lines: list[str] = []
+            deadline = time.monotonic() + 10
+            while not any("events_received_total" in line for line in lines):
+                assert time.monotonic() < deadline, lines
+                lines.append(udp.recv(4096).decode())
+    assert "hw.headwater_collector_events_received_total.raccoon-ws.stat:1|c" in lines

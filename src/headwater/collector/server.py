@@ -25,6 +25,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from headwater.collector.errors import Rejected
 from headwater.collector.grpc_server import GrpcServer
+from headwater.collector.metrics import StatsdExporter
 from headwater.collector.protocols import raccoon
 from headwater.collector.service import Collector, Connection, HttpRequest
 
@@ -65,6 +66,7 @@ class CollectorServer:
         self._runner: web.AppRunner | None = None
         self._grpc: GrpcServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._statsd: StatsdExporter | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -97,6 +99,10 @@ class CollectorServer:
             asyncio.create_task(self._keepalive(), name="ws-keepalive"),
             asyncio.create_task(self.collector.admission.run(), name="admission"),
         ]
+        statsd = self.collector.config.statsd
+        if statsd is not None:
+            self._statsd = StatsdExporter(self.collector.metrics, statsd)
+            self._tasks.append(asyncio.create_task(self._statsd.run(), name="statsd"))
         self.collector.ready = True
 
     async def stop(self) -> None:
@@ -120,6 +126,9 @@ class CollectorServer:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        if self._statsd is not None:
+            self._statsd.flush((collector.config.statsd.host, collector.config.statsd.port))  # type: ignore[union-attr]
+            self._statsd.close()
         collector.ready = False
 
     @property

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from headwater.bus.base import Bus
 from headwater.collector.admission import Admission
 from headwater.collector.auth import WriteKeys, key_from_headers
-from headwater.collector.config import CollectorConfig
-from headwater.collector.errors import Rejected, bad_request
+from headwater.collector.config import CollectorConfig, LimitsConfig
+from headwater.collector.errors import Rejected, bad_request, unauthorized
 from headwater.collector.events import Intake, RequestContext
 from headwater.collector.limits import Connections
 from headwater.collector.metrics import Metrics
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 RACCOON_SOURCE = "raccoon"
 SEGMENT_CALLS = frozenset({"batch", "track", "identify", "page", "screen", "group", "alias"})
 JSON = "application/json"
+INLINE_DECODE_BYTES = 64 * 1024  # larger bodies are decoded in a worker thread
 
 
 @dataclass(slots=True)
@@ -130,6 +131,20 @@ class Collector:
             return RACCOON_SOURCE
         return self.keys.source_for(key_from_headers(headers))
 
+    def refused(self, e: Rejected, protocol: str, request_id: str | None, client: str) -> None:
+        """Count and log a refusal (with the request id, for tracing a client's complaint)."""
+        self.metrics.rejected(e.kind)
+        log.info(
+            "refused a request: %s",
+            e.reason,
+            extra={
+                "request_id": request_id or "",
+                "protocol": protocol,
+                "kind": e.kind,
+                "client_ip": client,
+            },
+        )
+
     async def _publish(self, intake: Intake, ctx: RequestContext, router: Router) -> None:
         if len(intake.events) > self.config.limits.max_batch_events:
             raise bad_request(
@@ -192,7 +207,7 @@ class Collector:
                 ),
             )
         except Rejected as e:
-            self.metrics.rejected(e.kind)
+            self.refused(e, "raccoon-ws", req_guid, conn.client_ip)
             return encode_error(e, req_guid or None)
         return encode_ok(req_guid)
 
@@ -237,7 +252,7 @@ class Collector:
             )
             await self._publish(intake, ctx, self.raccoon_router)
         except Rejected as e:
-            self.metrics.rejected(e.kind)
+            self.refused(e, "raccoon-grpc", req_guid, peer)
             return raccoon.error_response_bytes(e, req_guid or None)
         return raccoon.ok_response_bytes(req_guid)
 
@@ -246,6 +261,8 @@ class Collector:
         """Every plain HTTP route of the collector."""
         if req.method == "GET":
             return self._get(req.path)
+        if req.method == "OPTIONS":  # a browser SDK's preflight
+            return HttpResponse(204, b"", "text/plain", _cors(req, preflight=True))
         if req.method != "POST":
             return _plain(405, f"{req.method} is not allowed on {req.path}")
         path = req.path.rstrip("/") or "/"
@@ -254,7 +271,7 @@ class Collector:
         if path.startswith("/v1/") and path[4:] in SEGMENT_CALLS:
             return await self._json_api(req, "segment", path[4:])
         if path.startswith("/api/s/") and len(path) > 7:
-            return await self._json_api(req, "jitsu", path[7:])
+            return await self._json_api(req, "jitsu", path[7:].removeprefix("s2s/"))
         if path == "/api/v1/event":
             return await self._json_api(req, "jitsu-classic", "")
         if path == "/v1/logs":
@@ -311,7 +328,7 @@ class Collector:
             )
             await self._publish(intake, ctx, self.raccoon_router)
         except Rejected as e:
-            self.metrics.rejected(e.kind)
+            self.refused(e, "raccoon-rest", req_guid, req.peer)
             body_out = (
                 raccoon.error_response_json(e, req_guid or None).encode()
                 if as_json
@@ -327,30 +344,66 @@ class Collector:
     async def _json_api(self, req: HttpRequest, api: str, arg: str) -> HttpResponse:
         limits = self.config.limits
         media = req.headers.get("content-type", "").split(";")[0].strip().lower()
+        cors = _cors(req, preflight=False)
         try:
-            body = decode_body(req.body, req.headers.get("content-encoding"), limits.max_body_bytes)
-            if api == "segment":
-                intake = segment.decode_segment(arg, body, limits)
-            elif api == "jitsu":
-                intake = jitsu.decode_jitsu_typed(arg, body, limits)
-            elif api == "jitsu-classic":
-                intake = jitsu.decode_jitsu_classic(body, limits)
+            if len(req.body) > INLINE_DECODE_BYTES:  # big bodies: keep the event loop serving
+                intake = await asyncio.to_thread(_decode_json_api, api, arg, req, media, limits)
             else:
-                intake = otlp.decode_otlp_logs(body, media, limits)
-            key = key_from_headers(req.headers, req.query) or intake.meta.get("write_key")
-            source = self.keys.source_for(key)
-            ctx = self._context(
-                api.split("-")[0],
-                source,
-                intake.request_id,
-                self.client_ip(req.peer, req.headers),
-                req.headers.get("user-agent", ""),
-            )
-            await self._publish(intake, ctx, self._source_routers.get(source, self.json_router))
+                intake = _decode_json_api(api, arg, req, media, limits)
+            header_key = key_from_headers(req.headers, req.query)
+            body_key = intake.meta.get("write_key")
+            if header_key and body_key and header_key != body_key:
+                raise unauthorized("the request carries two different write keys")
+            source = self.keys.source_for(header_key or body_key)
+            if intake.events or api != "otlp":  # an empty OTLP export is valid: nothing to store
+                ctx = self._context(
+                    api.split("-")[0],
+                    source,
+                    intake.request_id,
+                    self.client_ip(req.peer, req.headers),
+                    req.headers.get("user-agent", ""),
+                )
+                router = self._source_routers.get(source, self.json_router)
+                await self._publish(intake, ctx, router)
         except Rejected as e:
-            self.metrics.rejected(e.kind)
-            return _with_retry(_json_error(api, media, e), e)
-        return _json_ok(api, media)
+            self.refused(e, api, None, req.peer)
+            resp = _with_retry(_json_error(api, media, e), e)
+        else:
+            resp = _json_ok(api, media)
+        resp.headers += cors
+        return resp
+
+
+def _decode_json_api(
+    api: str, arg: str, req: HttpRequest, media: str, limits: LimitsConfig
+) -> Intake:
+    body = decode_body(req.body, req.headers.get("content-encoding"), limits.max_body_bytes)
+    if api == "segment":
+        return segment.decode_segment(arg, body, limits)
+    if api == "jitsu":
+        return jitsu.decode_jitsu_typed(arg, body, limits)
+    if api == "jitsu-classic":
+        return jitsu.decode_jitsu_classic(body, limits)
+    return otlp.decode_otlp_logs(body, media, limits)
+
+
+def _cors(req: HttpRequest, *, preflight: bool) -> list[tuple[str, str]]:
+    """CORS headers for browser SDKs (analytics.js, Jitsu's JS): any origin may send events;
+    write keys, not origins, decide who is let in."""
+    origin = req.headers.get("origin")
+    if not origin:
+        return []
+    headers = [("access-control-allow-origin", origin), ("vary", "Origin")]
+    if preflight:
+        headers += [
+            ("access-control-allow-methods", "POST, OPTIONS"),
+            (
+                "access-control-allow-headers",
+                "Content-Type, Content-Encoding, Authorization, X-Write-Key, X-Auth-Token",
+            ),
+            ("access-control-max-age", "86400"),
+        ]
+    return headers
 
 
 def _json_ok(api: str, media: str) -> HttpResponse:

@@ -11,6 +11,7 @@ from headwater.errors import HeadwaterError
 from headwater.ops.config_cmds import config_group
 from headwater.ops.context import cli_config, config_option, group_config_option
 from headwater.ops.log_cmds import log_group
+from headwater.ops.logs import setup_logging
 from headwater.ops.up import Listen, run
 
 EXIT_ERROR = 1
@@ -53,6 +54,13 @@ cli.add_command(log_group)
 
 def _listen_options(f: Any) -> Any:
     f = click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        help="Logs on stderr as text, or one JSON object per line.",
+    )(f)
+    f = click.option(
         "--grpc-port",
         type=click.IntRange(0, 65535),
         default=None,
@@ -74,7 +82,9 @@ def _listen_options(f: Any) -> Any:
 @_listen_options
 @config_option
 @click.pass_context
-def up_cmd(ctx: click.Context, host: str | None, port: int | None, grpc_port: int | None) -> None:
+def up_cmd(
+    ctx: click.Context, host: str | None, port: int | None, grpc_port: int | None, log_format: str
+) -> None:
     """Run headwater on this machine until SIGTERM or Ctrl-C.
 
     Opens the configured bus (the embedded log under data_dir by default) and runs the
@@ -82,6 +92,7 @@ def up_cmd(ctx: click.Context, host: str | None, port: int | None, grpc_port: in
     gracefully: in-flight requests finish, WebSockets close with 1001, and the bus is flushed
     and closed.
     """
+    setup_logging("json" if log_format == "json" else "text")
     run(cli_config(ctx), Listen(host, port, grpc_port), echo=click.echo)
 
 
@@ -90,9 +101,10 @@ def up_cmd(ctx: click.Context, host: str | None, port: int | None, grpc_port: in
 @config_option
 @click.pass_context
 def collector_cmd(
-    ctx: click.Context, host: str | None, port: int | None, grpc_port: int | None
+    ctx: click.Context, host: str | None, port: int | None, grpc_port: int | None, log_format: str
 ) -> None:
     """Run the collector alone (with bus: kafka, for scale-out) until SIGTERM or Ctrl-C."""
+    setup_logging("json" if log_format == "json" else "text")
     run(cli_config(ctx), Listen(host, port, grpc_port), echo=click.echo)
 
 
