@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 from headwater.bus.errors import InvalidArgument, RecordTooLarge
+from headwater.bus.headers import PackedHeaders
+from headwater.bus.headers import size as header_size
 from headwater.bus.records import Message
+
+_PACKED = attrgetter("packed")
+_KEY_TYPES = {bytes, type(None)}
+_OPTIONAL_INT = {int, type(None)}
+
+
+def _key_len(key: bytes | None) -> int:
+    return 0 if key is None else len(key)
 
 
 def validate_batch(topic: str, messages: Sequence[Message], max_record_bytes: int) -> None:
@@ -16,15 +27,22 @@ def validate_batch(topic: str, messages: Sequence[Message], max_record_bytes: in
         return
     values, keys, headers, timestamps, partitions = zip(*messages, strict=True)
     n = len(values)
+    if headers.count(()) == n:
+        largest_headers: int | None = 0
+    elif set(map(type, headers)) == {PackedHeaders}:
+        largest_headers = max(map(len, map(_PACKED, headers)))
+    else:
+        largest_headers = None
     if (
-        keys.count(None) == n
-        and headers.count(()) == n
-        and timestamps.count(None) == n
-        and partitions.count(None) == n
+        largest_headers is not None
         and set(map(type, values)) == {bytes}
-        and max(map(len, values)) <= max_record_bytes
+        and set(map(type, keys)) <= _KEY_TYPES
+        and set(map(type, timestamps)) <= _OPTIONAL_INT
+        and (timestamps.count(None) == n or min(t for t in timestamps if t is not None) >= 0)
+        and partitions.count(None) == n
+        and max(map(len, values)) + max(map(_key_len, keys)) + largest_headers <= max_record_bytes
     ):
-        return  # the common case, checked in bulk
+        return  # the common cases, checked in bulk (a bound on every record's size)
     for i, m in enumerate(messages):
         value, key, headers = m.value, m.key, m.headers
         if not isinstance(value, bytes):
@@ -47,7 +65,17 @@ def validate_batch(topic: str, messages: Sequence[Message], max_record_bytes: in
                     f"record {i} of the batch for {topic!r}: header {header!r} must be "
                     "a (str, bytes) pair"
                 )
-            size += len(name) + len(hvalue) + 6
+        size += header_size(headers)
+        if m.timestamp is not None and (type(m.timestamp) is not int or m.timestamp < 0):
+            raise InvalidArgument(
+                f"record {i} of the batch for {topic!r}: timestamp must be milliseconds since "
+                f"the epoch (an int >= 0) or None, not {m.timestamp!r}"
+            )
+        if m.partition is not None and type(m.partition) is not int:
+            raise InvalidArgument(
+                f"record {i} of the batch for {topic!r}: partition must be an int or None, "
+                f"not {m.partition!r}"
+            )
         if size > max_record_bytes:
             error = RecordTooLarge(
                 f"record {i} of the batch for {topic!r} is {size} bytes; "

@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from typing import NamedTuple
 
 from headwater.bus import context
+from headwater.bus.headers import PackedHeaders, pack_header
+from headwater.bus.headers import pack as pack_headers
 from headwater.bus.records import Header, Message
 
 
@@ -64,27 +66,37 @@ class Intake:
 
 
 def to_messages(events: list[EventIn], ctx: RequestContext) -> list[Message]:
-    """Bus messages for ``events``: values untouched, context in headers, one UUIDv7 each."""
+    """Bus messages for ``events``: values untouched, context in headers, one UUIDv7 each.
+
+    The headers every event shares are packed once for the request (``PackedHeaders``)."""
     shared = ctx.shared_headers()
+    shared_packed = pack_headers(shared)
     ids = uuid7_batch(len(events), ctx.received_ms)
     ts = ctx.received_ms
-    type_header = context.TYPE
-    ctype_header = context.CONTENT_TYPE
-    id_header = context.EVENT_ID
-    return [
-        Message(
-            e.value,
-            e.key,
-            (
-                (type_header, e.type.encode()),
-                (ctype_header, e.content_type.encode()),
-                (id_header, eid),
-                *shared,
-            ),
-            ts,
+    id_name, id_prefix = context.EVENT_ID, _ID_PREFIX
+    join = PackedHeaders.join
+    prefixes: dict[tuple[str, str], tuple[tuple[Header, ...], bytes]] = {}
+    out = []
+    for e, eid in zip(events, ids, strict=True):
+        kind = (e.type, e.content_type)
+        prefix = prefixes.get(kind)
+        if prefix is None:
+            prefix = prefixes[kind] = _prefix(*kind)
+        pairs, packed = prefix
+        headers = join(
+            (*pairs, (id_name, eid), *shared), b"".join((packed, id_prefix, eid, shared_packed))
         )
-        for e, eid in zip(events, ids, strict=True)
-    ]
+        out.append(Message(e.value, e.key, headers, ts))
+    return out
+
+
+def _prefix(event_type: str, content_type: str) -> tuple[tuple[Header, ...], bytes]:
+    """The type and content-type headers, and their packed form."""
+    pairs = ((context.TYPE, event_type.encode()), (context.CONTENT_TYPE, content_type.encode()))
+    return pairs, pack_headers(pairs)
+
+
+_ID_PREFIX = pack_header(context.EVENT_ID, bytes(36))[:-36]  # every UUID is 36 characters
 
 
 class _Uuid7:

@@ -94,3 +94,25 @@ def test_record_too_large_appends_nothing(open_log: OpenLog) -> None:
     with pytest.raises(RecordTooLarge, match=r"record 1 .* 1001 bytes"):
         bus.append("t", [Message(b"a"), Message(b"b" * 1001)])
     assert bus.watermarks("t", 0) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("message", "problem"),
+    [
+        (Message("text"), "value must be bytes"),  # type: ignore[arg-type]
+        (Message(b"v", key="k"), "key must be bytes"),  # type: ignore[arg-type]
+        (Message(b"v", headers=(("h", "text"),)), "must be a \\(str, bytes\\) pair"),  # type: ignore[arg-type]
+        (Message(b"v", timestamp=-5), "timestamp must be"),
+        (Message(b"v", timestamp="now"), "timestamp must be"),  # type: ignore[arg-type]
+        (Message(b"v", partition="0"), "partition must be"),  # type: ignore[arg-type]
+    ],
+)
+def test_bad_messages_are_named_and_append_nothing(
+    open_log: OpenLog, message: Message, problem: str
+) -> None:
+    from headwater.bus.errors import InvalidArgument
+
+    bus = open_log(default_partitions=1)
+    with pytest.raises(InvalidArgument, match=f"record 1 .*{problem}"):
+        bus.append("t", [Message(b"fine"), message])
+    assert bus.watermarks("t", 0) == (0, 0)

@@ -29,6 +29,8 @@ from functools import cache
 from itertools import accumulate, compress, pairwise, repeat
 from typing import Any, NamedTuple
 
+from headwater.bus.headers import pack as pack_headers
+from headwater.bus.headers import unpack as unpack_headers
 from headwater.bus.records import Headers, Message, Record
 
 MAGIC = b"HWB1"
@@ -36,8 +38,6 @@ HEADER = struct.Struct("<4sIIqIIqqI")
 HEADER_SIZE = HEADER.size
 _CRC_FROM = 12  # magic + length + crc
 _TAIL = struct.Struct("<qIIqqI")  # the header fields after the crc
-_HNAME = struct.Struct("<H")
-_HVAL = struct.Struct("<I")
 _LITTLE = sys.byteorder == "little"
 
 
@@ -79,31 +79,6 @@ def _read_column(typecode: str, buf: memoryview) -> array[int]:
     return a
 
 
-def encode_headers(headers: Headers) -> bytes:
-    if not headers:
-        return b""
-    parts: list[bytes] = []
-    for name, value in headers:
-        n = name.encode()
-        parts += (_HNAME.pack(len(n)), n, _HVAL.pack(len(value)), value)
-    return b"".join(parts)
-
-
-def decode_headers(blob: bytes) -> Headers:
-    out: list[tuple[str, bytes]] = []
-    pos, end = 0, len(blob)
-    while pos < end:
-        (nlen,) = _HNAME.unpack_from(blob, pos)
-        pos += 2
-        name = blob[pos : pos + nlen].decode()
-        pos += nlen
-        (vlen,) = _HVAL.unpack_from(blob, pos)
-        pos += 4
-        out.append((name, blob[pos : pos + vlen]))
-        pos += vlen
-    return tuple(out)
-
-
 class EncodedBatch(NamedTuple):
     """A batch body ready to be framed: everything but the header."""
 
@@ -129,7 +104,7 @@ def encode(messages: Sequence[Message], now_ms: int) -> EncodedBatch:
     if headers.count(()) == n:
         header_lens, header_blob = _zeros(n), b""
     else:
-        blobs = [encode_headers(h) for h in headers]
+        blobs = [pack_headers(h) for h in headers]
         header_lens, header_blob = _column("I", map(len, blobs)), b"".join(blobs)
     if keys.count(None) == n:
         key_lens, key_blob = _minus_ones(n), b""
@@ -296,7 +271,7 @@ def decode_records(
     """The records of a checked batch at ``pos``, skipping those below ``min_offset``."""
     c = decode_columns(buf, pos, header)
     if any(c.header_blobs):
-        hdrs: list[Headers] = [decode_headers(h) if h else () for h in c.header_blobs]
+        hdrs: list[Headers] = [unpack_headers(h) if h else () for h in c.header_blobs]
     else:
         hdrs = [()] * header.count
     columns: tuple[Sequence[Any], ...] = (c.offsets, c.timestamps, c.keys, c.values, hdrs)
