@@ -26,30 +26,26 @@ def _store_config(ctx: click.Context, _param: click.Parameter, value: Path | Non
         ctx.meta[_CONFIG_KEY] = value
 
 
-def group_config_option(f: F) -> F:
-    """``--config`` on the ``headwater`` group; also read from ``HEADWATER_CONFIG``."""
-    return click.option(
+def _config_option(**extra: object) -> Callable[[F], F]:
+    return click.option(  # type: ignore[return-value]
         "--config",
         "-c",
         type=click.Path(dir_okay=False, path_type=Path),
-        envvar=CONFIG_ENV,
-        show_envvar=True,
         expose_value=False,
         callback=_store_config,
         help=_CONFIG_HELP,
-    )(f)
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def group_config_option(f: F) -> F:
+    """``--config`` on the ``headwater`` group; also read from ``HEADWATER_CONFIG``."""
+    return _config_option(envvar=CONFIG_ENV, show_envvar=True)(f)
 
 
 def config_option(f: F) -> F:
     """``--config`` on a command; overrides the group's."""
-    return click.option(
-        "--config",
-        "-c",
-        type=click.Path(dir_okay=False, path_type=Path),
-        expose_value=False,
-        callback=_store_config,
-        help=_CONFIG_HELP,
-    )(f)
+    return _config_option()(f)
 
 
 def format_option(f: F) -> F:
