@@ -188,5 +188,3 @@ def test_port_in_use_is_a_clean_error(config_file: Path) -> None:
     assert code == 1
     assert err.startswith("error: ")
     assert "Traceback" not in err
-
-

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from headwater.collector.deadline import TIMEOUT_RESPONSE, HeadDeadline
 from headwater.collector.errors import Rejected
 from headwater.collector.grpc_server import GrpcServer
 from headwater.collector.metrics import StatsdExporter
@@ -67,6 +68,11 @@ class CollectorServer:
         self._grpc: GrpcServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._statsd: StatsdExporter | None = None
+        self._listener: asyncio.Server | None = None
+        self._deadline = HeadDeadline(
+            collector.config.limits.request_timeout_s,
+            lambda: collector.metrics.rejected("request_timeout"),
+        )
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -75,6 +81,8 @@ class CollectorServer:
             client_max_size=limits.max_body_bytes,
             handler_args={
                 "max_field_size": 16384,
+                # The collector undoes content codings itself, within its body limit.
+                "auto_decompress": False,
             },
         )
         app.router.add_route("*", "/{tail:.*}", self._handle)
@@ -85,11 +93,14 @@ class CollectorServer:
             shutdown_timeout=self.collector.config.shutdown_grace_s,
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await site.start()
-        server = site._server
-        if server is not None and server.sockets:
-            self.port = server.sockets[0].getsockname()[1]
+        server = self._runner.server
+        assert server is not None
+        # Our own listener (not a TCPSite) so that every connection's request head is timed.
+        self._listener = await asyncio.get_running_loop().create_server(
+            self._deadline.factory(server), self.host, self.port, reuse_address=True
+        )
+        if self._listener.sockets:
+            self.port = self._listener.sockets[0].getsockname()[1]
         if self.grpc_port is not None:
             self._grpc = GrpcServer(
                 self.collector.raccoon_grpc, self.host, self.grpc_port, limits.max_body_bytes
@@ -119,6 +130,8 @@ class CollectorServer:
         for s in list(self._sockets):
             with contextlib.suppress(Exception):
                 await s.ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+        if self._listener is not None:
+            self._listener.close()  # stop accepting; open connections are the runner's to end
         if self._runner is not None:
             await self._runner.cleanup()  # stops listening, waits for in-flight HTTP requests
         for t in self._tasks:
@@ -138,6 +151,14 @@ class CollectorServer:
 
     # -- HTTP -------------------------------------------------------------------------------
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        handler = request.protocol
+        self._deadline.begin(handler)
+        try:
+            return await self._dispatch(request)
+        finally:
+            self._deadline.end(handler)
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         if request.path == WS_PATH and request.method == "GET":
             return await self._websocket(request)
         if self.collector.draining and request.method == "POST":
@@ -145,7 +166,16 @@ class CollectorServer:
                 status=503, text="the collector is shutting down\n", headers={"Retry-After": "1"}
             )
         try:
-            body = await request.read() if request.can_read_body else b""
+            async with asyncio.timeout(self._deadline.timeout_s):
+                body = await request.read() if request.can_read_body else b""
+        except TimeoutError:
+            self.collector.metrics.rejected("request_timeout")
+            return web.Response(
+                status=408,
+                body=TIMEOUT_RESPONSE.partition(b"\r\n\r\n")[2],
+                content_type="text/plain",
+                headers={"Connection": "close"},
+            )
         except web.HTTPRequestEntityTooLarge:
             self.collector.metrics.rejected("too_large")
             limit = self.collector.config.limits.max_body_bytes

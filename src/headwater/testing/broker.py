@@ -10,24 +10,21 @@ temporary directory removed, when the context exits::
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
-import shutil
 import socket
 import struct
 import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from headwater.testing.ports import free_port
+from headwater.testing._service import ProcessSpec, run_process
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
-_LOG_TAIL_LINES = 40
 _PORT_ATTEMPTS = 3
 # Environment variables Tansu reads; cleared so a developer's shell cannot redirect the broker.
 _TANSU_ENV = (
@@ -42,6 +39,23 @@ _TANSU_ENV = (
 
 class BrokerStartError(RuntimeError):
     """The test broker could not be found or did not come up."""
+
+
+_PROCESS = ProcessSpec(
+    name="the test broker",
+    answers="a metadata request",
+    error_cls=BrokerStartError,
+    host=HOST,
+    port_taken=("AddrInUse",),
+    temp_prefix="headwater-broker-",
+    log_name="broker.log",
+    start_timeout=START_TIMEOUT_S,
+    stop_timeout=STOP_TIMEOUT_S,
+    # SIGKILL: the data is in memory and throwaway, and on SIGTERM the broker waits several
+    # seconds for open client connections to close.
+    terminate_first=False,
+    attempts=_PORT_ATTEMPTS,
+)
 
 
 @dataclass(frozen=True)
@@ -71,35 +85,17 @@ def tansu_binary() -> Path:
 @contextlib.contextmanager
 def start_broker(port: int | None = None) -> Iterator[BrokerService]:
     """Run a throwaway broker on ``port`` (a free loopback port by default) until exit."""
-    binary = tansu_binary()
-    tmp = Path(tempfile.mkdtemp(prefix="headwater-broker-"))
-    log_path = tmp / "broker.log"
-    process: subprocess.Popen[bytes] | None = None
-    try:
-        # A free port can be taken by another process before the broker binds it: try another.
-        attempts = 1 if port else _PORT_ATTEMPTS
-        for attempt in range(1, attempts + 1):
-            chosen = port or free_port(HOST)
-            process = _spawn(binary, chosen, tmp, log_path)
-            try:
-                _wait_ready(process, HOST, chosen, log_path, START_TIMEOUT_S)
-                break
-            except BrokerStartError:
-                _stop(process)
-                process = None
-                if attempt == attempts or "AddrInUse" not in _tail(log_path):
-                    raise
-        assert process is not None
+    spawn = functools.partial(_spawn, tansu_binary())
+    with run_process(_PROCESS, spawn, _metadata_probe, port) as running:
         yield BrokerService(
-            host=HOST, port=chosen, bootstrap_servers=f"{HOST}:{chosen}", process=process
+            host=HOST,
+            port=running.port,
+            bootstrap_servers=f"{HOST}:{running.port}",
+            process=running.process,
         )
-    finally:
-        if process is not None:
-            _stop(process)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _spawn(binary: Path, port: int, cwd: Path, log_path: Path) -> subprocess.Popen[bytes]:
+def _spawn(binary: Path, port: int, directory: Path, log_path: Path) -> subprocess.Popen[bytes]:
     url = f"tcp://{HOST}:{port}"
     env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
     env["NO_COLOR"] = "1"  # plain text in the log we show on failure
@@ -118,48 +114,19 @@ def _spawn(binary: Path, port: int, cwd: Path, log_path: Path) -> subprocess.Pop
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=cwd,
+            cwd=directory,
             env=env,
         )
 
 
-def _wait_ready(
-    process: subprocess.Popen[bytes], host: str, port: int, log_path: Path, timeout: float
-) -> None:
-    deadline = time.monotonic() + timeout
-    delay = 0.01
-    last_error = "no attempt made"
-    while True:
-        code = process.poll()
-        if code is not None:
-            raise BrokerStartError(
-                f"the test broker exited with code {code} before it answered on {host}:{port}; "
-                f"its log ends with:\n{_tail(log_path)}"
-            )
-        try:
-            _metadata_probe(host, port, timeout=min(2.0, max(0.1, deadline - time.monotonic())))
-            return
-        except OSError as exc:
-            last_error = f"{type(exc).__name__}: {exc}"
-        if time.monotonic() >= deadline:
-            raise BrokerStartError(
-                f"the test broker did not answer a metadata request on {host}:{port} within "
-                f"{timeout:.0f} s (last error: {last_error}); its log ends with:\n"
-                f"{_tail(log_path)}"
-            )
-        # Back off between connection attempts (this waits on a condition, with a deadline).
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)
-
-
-def _metadata_probe(host: str, port: int, timeout: float) -> None:
+def _metadata_probe(port: int, timeout: float) -> None:
     """Send a Kafka Metadata v0 request for all topics; raise ``OSError`` unless answered."""
     correlation_id = 0x68770001
     client_id = b"headwater-probe"
     header = struct.pack(">hhih", 3, 0, correlation_id, len(client_id)) + client_id
     body = struct.pack(">i", 0)  # topics: an empty array asks for every topic in v0
     request = header + body
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+    with socket.create_connection((HOST, port), timeout=timeout) as sock:
         sock.sendall(struct.pack(">i", len(request)) + request)
         (size,) = struct.unpack(">i", _recv_exactly(sock, 4))
         if size < 4:
@@ -178,19 +145,3 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
             raise ConnectionError("the broker closed the connection mid-response")
         chunks += chunk
     return bytes(chunks)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    # SIGKILL: the data is in memory and throwaway, and on SIGTERM the broker waits several
-    # seconds for open client connections to close.
-    if process.poll() is None:
-        process.kill()
-    process.wait(timeout=STOP_TIMEOUT_S)
-
-
-def _tail(path: Path) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError as exc:
-        return f"(log unreadable: {exc})"
-    return "\n".join(lines[-_LOG_TAIL_LINES:]) or "(empty log)"

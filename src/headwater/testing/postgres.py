@@ -18,12 +18,11 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from headwater.testing.ports import free_port
+from headwater.testing._service import start_on_free_port, tail, wait_ready
 
 HOST = "127.0.0.1"
 SUPERUSER = "postgres"
@@ -31,7 +30,6 @@ DBNAME = "headwater"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 _START_ATTEMPTS = 3  # a fresh port each time, in case another process took the free one
-_LOG_TAIL_LINES = 40
 _DEBIAN_BINDIR = Path("/usr/lib/postgresql/15/bin")
 _SERVER_OPTIONS = {
     # A test cluster: durability is not wanted, speed is.
@@ -127,20 +125,15 @@ def start_postgres() -> Iterator[PostgresService]:
             cwd=base,
             what="initdb",
         )
-        port = 0
-        for attempt in range(1, _START_ATTEMPTS + 1):
-            port = free_port(HOST)
-            started = True  # from here on, stop it whatever happens
-            try:
-                _start(bindir, os_user, base, data_dir, log_path, port)
-                break
-            except PostgresStartError:
-                log_tail = _tail(log_path)
-                bound = "could not bind" in log_tail or "already in use" in log_tail
-                _stop(bindir, os_user, data_dir)
-                started = False
-                if not bound or attempt == _START_ATTEMPTS:
-                    raise
+        port, _ = start_on_free_port(
+            lambda candidate: _start(bindir, os_user, base, data_dir, log_path, candidate),
+            host=HOST,
+            log_path=log_path,
+            port_taken=("could not bind", "already in use"),
+            error_cls=PostgresStartError,
+            attempts=_START_ATTEMPTS,
+        )
+        started = True  # from here on, stop it whatever happens
         _run(
             os_user,
             [
@@ -235,6 +228,18 @@ def _env() -> dict[str, str]:
 def _start(
     bindir: Path, os_user: _OsUser, base: Path, data_dir: Path, log_path: Path, port: int
 ) -> None:
+    """Start the server on ``port`` and wait until it accepts connections; stop it if not."""
+    try:
+        _pg_ctl_start(bindir, os_user, base, data_dir, log_path, port)
+        _wait_ready(bindir, base, data_dir, log_path, port)
+    except BaseException:
+        _stop(bindir, os_user, data_dir)
+        raise
+
+
+def _pg_ctl_start(
+    bindir: Path, os_user: _OsUser, base: Path, data_dir: Path, log_path: Path, port: int
+) -> None:
     options = [f"-c listen_addresses={HOST}", f"-p {port}", f"-k '{base}'"]
     options += [f"-c {name}={value}" for name, value in _SERVER_OPTIONS.items()]
     try:
@@ -255,26 +260,16 @@ def _start(
             what="pg_ctl start",
         )
     except PostgresStartError as exc:
-        raise PostgresStartError(f"{exc}\nserver log:\n{_tail(log_path)}") from exc
-    _wait_ready(bindir, os_user, base, data_dir, log_path, port, START_TIMEOUT_S)
+        raise PostgresStartError(f"{exc}\nserver log:\n{tail(log_path)}") from exc
 
 
-def _wait_ready(
-    bindir: Path,
-    os_user: _OsUser,
-    base: Path,
-    data_dir: Path,
-    log_path: Path,
-    port: int,
-    timeout: float,
-) -> None:
+def _wait_ready(bindir: Path, base: Path, data_dir: Path, log_path: Path, port: int) -> None:
     """Poll ``pg_isready`` over TCP until the server accepts connections, or fail by the
     deadline, or as soon as the server is seen to have exited."""
     pg_isready = bindir / "pg_isready"
-    deadline = time.monotonic() + timeout
-    delay = 0.02
     seen_pid: int | None = None
-    while True:
+
+    def probe(_timeout: float) -> str | None:
         result = subprocess.run(
             [str(pg_isready), "--host", HOST, "--port", str(port), "--timeout", "2"],
             cwd=base,
@@ -285,23 +280,28 @@ def _wait_ready(
             check=False,
         )
         if result.returncode == 0:
-            return
+            return None
+        return f"pg_isready: {result.stdout.strip() or result.returncode}"
+
+    def exited() -> str | None:
+        # The pid file goes when the server exits: remember the pid once it has been seen.
+        nonlocal seen_pid
         with contextlib.suppress(PostgresStartError):
             seen_pid = _postmaster_pid(data_dir)
-        if seen_pid is not None and not _alive(seen_pid):
-            raise PostgresStartError(
-                f"PostgreSQL (pid {seen_pid}) exited before accepting connections on "
-                f"{HOST}:{port}; its log ends with:\n{_tail(log_path)}"
-            )
-        if time.monotonic() >= deadline:
-            raise PostgresStartError(
-                f"PostgreSQL did not accept connections on {HOST}:{port} within {timeout:.0f} s "
-                f"(pg_isready: {result.stdout.strip() or result.returncode}); its log ends with:\n"
-                f"{_tail(log_path)}"
-            )
-        # Back off between checks (this waits on a condition, with a deadline).
-        time.sleep(delay)
-        delay = min(delay * 2, 0.25)
+        if seen_pid is None or _alive(seen_pid):
+            return None
+        return f"PostgreSQL (pid {seen_pid}) exited before accepting connections on {HOST}:{port}"
+
+    wait_ready(
+        probe,
+        exited,
+        f"PostgreSQL did not accept connections on {HOST}:{port}",
+        log_path,
+        START_TIMEOUT_S,
+        PostgresStartError,
+        first_delay=0.02,
+        max_delay=0.25,
+    )
 
 
 def _stop(bindir: Path, os_user: _OsUser, data_dir: Path) -> None:
@@ -356,11 +356,3 @@ def _alive(pid: int) -> bool:
         return True
     # The state follows the parenthesised command name, which may itself contain ')'.
     return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
-
-
-def _tail(path: Path) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError as exc:
-        return f"(log unreadable: {exc})"
-    return "\n".join(lines[-_LOG_TAIL_LINES:]) or "(empty log)"

@@ -10,27 +10,39 @@ temporary directory removed, when the context exits::
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import socket
 import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from headwater.testing.ports import free_port
+from headwater.testing._service import ProcessSpec, run_process
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 _START_ATTEMPTS = 3  # a fresh port each time, in case another process took the free one
-_LOG_TAIL_LINES = 40
 
 
 class RedisStartError(RuntimeError):
     """redis-server could not be found, or did not come up."""
+
+
+_PROCESS = ProcessSpec(
+    name="redis-server",
+    answers="PING",
+    error_cls=RedisStartError,
+    host=HOST,
+    port_taken=("Address already in use",),
+    temp_prefix="headwater-redis-",
+    log_name="redis.log",
+    start_timeout=START_TIMEOUT_S,
+    stop_timeout=STOP_TIMEOUT_S,
+    attempts=_START_ATTEMPTS,
+)
 
 
 @dataclass(frozen=True)
@@ -59,33 +71,18 @@ def redis_server_binary() -> Path:
 @contextlib.contextmanager
 def start_redis() -> Iterator[RedisService]:
     """Run a throwaway Redis server on a free loopback port until the context exits."""
-    binary = redis_server_binary()
-    tmp = Path(tempfile.mkdtemp(prefix="headwater-redis-"))
-    log_path = tmp / "redis.log"
-    process: subprocess.Popen[bytes] | None = None
-    try:
-        for attempt in range(1, _START_ATTEMPTS + 1):
-            port = free_port(HOST)
-            process = _spawn(binary, tmp, log_path, port)
-            try:
-                _wait_ready(process, port, log_path, START_TIMEOUT_S)
-                break
-            except RedisStartError:
-                _stop(process)
-                process = None
-                if "Address already in use" not in _tail(log_path) or attempt == _START_ATTEMPTS:
-                    raise
-        assert process is not None
+    spawn = functools.partial(_spawn, redis_server_binary())
+    with run_process(_PROCESS, spawn, _ping) as running:
         yield RedisService(
-            host=HOST, port=port, url=f"redis://{HOST}:{port}/0", data_dir=tmp, pid=process.pid
+            host=HOST,
+            port=running.port,
+            url=f"redis://{HOST}:{running.port}/0",
+            data_dir=running.directory,
+            pid=running.process.pid,
         )
-    finally:
-        if process is not None:
-            _stop(process)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _spawn(binary: Path, tmp: Path, log_path: Path, port: int) -> subprocess.Popen[bytes]:
+def _spawn(binary: Path, port: int, directory: Path, log_path: Path) -> subprocess.Popen[bytes]:
     with log_path.open("ab") as log:
         return subprocess.Popen(
             [
@@ -101,42 +98,13 @@ def _spawn(binary: Path, tmp: Path, log_path: Path, port: int) -> subprocess.Pop
                 "--daemonize",
                 "no",
                 "--dir",
-                str(tmp),
+                str(directory),
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=tmp,
+            cwd=directory,
         )
-
-
-def _wait_ready(
-    process: subprocess.Popen[bytes], port: int, log_path: Path, timeout: float
-) -> None:
-    """Send PING until the server answers PONG; fail by the deadline or when it exits."""
-    deadline = time.monotonic() + timeout
-    delay = 0.01
-    last_error = "no attempt made"
-    while True:
-        code = process.poll()
-        if code is not None:
-            raise RedisStartError(
-                f"redis-server exited with code {code} before it answered on {HOST}:{port}; "
-                f"its log ends with:\n{_tail(log_path)}"
-            )
-        try:
-            _ping(port, timeout=min(2.0, max(0.1, deadline - time.monotonic())))
-            return
-        except OSError as exc:
-            last_error = f"{type(exc).__name__}: {exc}"
-        if time.monotonic() >= deadline:
-            raise RedisStartError(
-                f"redis-server did not answer PING on {HOST}:{port} within {timeout:.0f} s "
-                f"(last error: {last_error}); its log ends with:\n{_tail(log_path)}"
-            )
-        # Back off between checks (this waits on a condition, with a deadline).
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)
 
 
 def _ping(port: int, timeout: float) -> None:
@@ -151,21 +119,3 @@ def _ping(port: int, timeout: float) -> None:
             reply += chunk
     if reply != b"+PONG\r\n":
         raise OSError(f"unexpected reply to PING: {reply!r}")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _tail(path: Path) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError as exc:
-        return f"(log unreadable: {exc})"
-    return "\n".join(lines[-_LOG_TAIL_LINES:]) or "(empty log)"

@@ -30,11 +30,7 @@ def _expected(written: list[bytes | None], cutoff: int, active_base: int) -> lis
     offsets below the cutoff) and unkeyed records; everything else untouched."""
     latest = {k: o for o, k in enumerate(written) if k is not None and o < cutoff}
     limit = min(cutoff, active_base)
-    return [
-        o
-        for o, k in enumerate(written)
-        if o >= limit or k is None or latest[k] == o
-    ]
+    return [o for o, k in enumerate(written) if o >= limit or k is None or latest[k] == o]
 
 
 def test_compaction_keeps_latest_per_key_below_lowest_writer(open_log: OpenLog) -> None:

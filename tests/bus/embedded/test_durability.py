@@ -32,9 +32,7 @@ def syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def test_always_resolves_after_fdatasync_and_shares_it(
-    open_log: OpenLog, syncs: list[int]
-) -> None:
+def test_always_resolves_after_fdatasync_and_shares_it(open_log: OpenLog, syncs: list[int]) -> None:
     bus = open_log(durability="always", default_partitions=1)
     bus.create_topic("t")
     part = bus._topics["t"][0]

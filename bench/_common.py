@@ -1,0 +1,482 @@
+"""Helpers shared by headwater's benchmarks (``bench/*.py``): machine facts, CPU meters,
+latency percentiles, a plain-text figures table, JSON output and profiling (cProfile on every
+thread, and py-spy when it is installed).
+
+Benchmarks are scripts, not tests: each one stops by itself, talks to loopback only and prints
+what it measured. Progress goes to stderr so that ``--format json`` keeps stdout clean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import json
+import os
+import platform
+import pstats
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MB = 1_000_000  # throughput figures are in decimal megabytes (10^6 bytes) per second
+MiB = 1 << 20
+
+
+# -- progress and output ----------------------------------------------------------------------
+def progress(message: str) -> None:
+    """One line of progress on stderr."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def print_table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], *, markdown: bool = False
+) -> str:
+    """A table with right-aligned cells (left-aligned first column), plain or Markdown."""
+    cells = [[str(h) for h in headers], *[[_cell(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+
+    def line(row: Sequence[str]) -> str:
+        parts = [
+            row[i].ljust(widths[i]) if i == 0 else row[i].rjust(widths[i]) for i in range(len(row))
+        ]
+        return ("| " + " | ".join(parts) + " |") if markdown else "  ".join(parts).rstrip()
+
+    out = [line(cells[0])]
+    if markdown:
+        rules = [("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)]
+        out.append("|" + "|".join(rules) + "|")
+    else:
+        out.append("  ".join("-" * w for w in widths))
+    out += [line(row) for row in cells[1:]]
+    return "\n".join(out)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return fmt_number(value)
+    return str(value)
+
+
+def fmt_number(value: float) -> str:
+    """Three significant figures, thousands separated: 1,234,000 / 56.7 / 0.123."""
+    if value != value:  # NaN
+        return "-"
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{round(value):,}"
+    if magnitude >= 100:
+        return f"{value:.0f}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    if magnitude >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def emit_json(document: object) -> None:
+    json.dump(document, sys.stdout, indent=2, default=_json_default)
+    sys.stdout.write("\n")
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: getattr(value, k) for k in value.__dataclass_fields__}
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+# -- the machine ------------------------------------------------------------------------------
+def _first_line_with(path: str, prefix: str) -> str | None:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(prefix):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def filesystem_of(path: Path) -> dict[str, str]:
+    """The mount (device, mount point, type) that holds ``path``."""
+    target = str(path.resolve())
+    best = {"device": "?", "mount": "/", "type": "?"}
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                device, mount, fstype, *_ = line.split()
+                inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best["mount"]):
+                    best = {"device": device, "mount": mount, "type": fstype}
+    except OSError:
+        pass
+    return best
+
+
+def machine_info(directory: Path) -> dict[str, Any]:
+    mem_kb = _first_line_with("/proc/meminfo", "MemTotal")
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": _first_line_with("/proc/cpuinfo", "model name") or platform.processor(),
+        "memory_gib": round(int(mem_kb.split()[0]) / (1 << 20), 1) if mem_kb else None,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "filesystem": filesystem_of(directory),
+        "directory": str(directory),
+    }
+
+
+def bench_directory(parent: Path | None, prefix: str) -> Path:
+    """A fresh temporary directory under ``parent`` (default ``./data``), created here."""
+    base = parent if parent is not None else Path.cwd() / "data"
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
+# -- meters -----------------------------------------------------------------------------------
+def _machine_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of every CPU of the machine, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])
+    return total - idle, total
+
+
+@dataclass
+class Meter:
+    """Wall time, this process's CPU time and the whole machine's CPU use over a span."""
+
+    wall_s: float = 0.0
+    process_cpu_s: float = 0.0
+    machine_busy: float = 0.0  # share of all the machine's CPUs that were busy (0..1)
+    _t0: float = field(default=0.0, repr=False)
+    _c0: float = field(default=0.0, repr=False)
+    _j0: tuple[int, int] = field(default=(0, 0), repr=False)
+
+    def start(self) -> None:
+        self._j0 = _machine_jiffies()
+        self._c0 = time.process_time()
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        self.wall_s = time.perf_counter() - self._t0
+        self.process_cpu_s = time.process_time() - self._c0
+        busy, total = _machine_jiffies()
+        dt = total - self._j0[1]
+        self.machine_busy = (busy - self._j0[0]) / dt if dt > 0 else float("nan")
+
+    @property
+    def process_cores(self) -> float:
+        """Average number of cores this process kept busy."""
+        return self.process_cpu_s / self.wall_s if self.wall_s > 0 else float("nan")
+
+
+def percentile(sorted_samples: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) of already sorted samples (nearest rank)."""
+    if not sorted_samples:
+        return float("nan")
+    rank = max(0, min(len(sorted_samples) - 1, round(q / 100 * len(sorted_samples)) - 1))
+    return sorted_samples[rank]
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    if not n:
+        return float("nan")
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+# -- profiling: cProfile on every thread --------------------------------------------------------
+@dataclass
+class FunctionCost:
+    function: str  # "name (file:line)"
+    calls: int
+    self_s: float
+    total_s: float
+
+    def per_op_us(self, operations: int) -> float:
+        return self.self_s / operations * 1e6 if operations else float("nan")
+
+
+class AllThreadsProfile:
+    """cProfile of the current thread and of every thread started while it is active.
+
+    Threads started inside the ``with`` block get their own profiler on their first event
+    (``threading.setprofile`` hands the hook to new threads; the hook then enables a
+    ``cProfile.Profile`` for that thread). Threads started before are not seen.
+
+    The clock is wall time by default: a thread's figures then include its waits (in epoll, in
+    fdatasync, and for the GIL after a call that released it). ``cpu=True`` uses each thread's
+    CPU time instead, which leaves the waits out but costs a system call per event, so it
+    inflates functions that are called often.
+    """
+
+    def __init__(self, *, cpu: bool = False) -> None:
+        self.profiles: dict[str, cProfile.Profile] = {}
+        self._lock = threading.Lock()
+        self._timer = time.thread_time if cpu else time.perf_counter
+
+    def _new(self) -> cProfile.Profile:
+        return cProfile.Profile(self._timer)
+
+    def _hook(self, frame: object, event: str, arg: object) -> None:
+        profile = self._new()
+        name = threading.current_thread().name
+        with self._lock:
+            while name in self.profiles:
+                name += "'"
+            self.profiles[name] = profile
+        profile.enable()
+
+    def __enter__(self) -> AllThreadsProfile:
+        main = self._new()
+        self.profiles[threading.current_thread().name] = main
+        threading.setprofile(self._hook)
+        main.enable()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.profiles[threading.current_thread().name].disable()
+        threading.setprofile(None)  # type: ignore[arg-type]
+
+    def top(self, thread: str, n: int = 12) -> list[FunctionCost]:
+        """The ``n`` functions of ``thread`` with the most self time."""
+        profile = self.profiles.get(thread)
+        if profile is None:
+            return []
+        profile.create_stats()
+        stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+        costs = [
+            FunctionCost(_function_name(func), calls, self_s, total_s)
+            for func, (_, calls, self_s, total_s, _) in stats.items()
+        ]
+        costs.sort(key=lambda c: c.self_s, reverse=True)
+        return costs[:n]
+
+    def total_self_s(self, thread: str) -> float:
+        profile = self.profiles.get(thread)
+        if profile is None:
+            return 0.0
+        profile.create_stats()
+        return sum(v[2] for v in pstats.Stats(profile).stats.values())  # type: ignore[attr-defined]
+
+
+def _function_name(func: tuple[str, int, str]) -> str:
+    filename, line, name = func
+    if filename == "~":  # a built-in
+        return name.strip("<>")
+    short = _short_path(filename)
+    return f"{name} ({short}:{line})"
+
+
+def _short_path(filename: str) -> str:
+    for marker in ("/site-packages/", "/src/", "/lib/python3"):
+        i = filename.rfind(marker)
+        if i >= 0:
+            rest = filename[i + len(marker) :]
+            return rest.split("/", 1)[1] if marker == "/lib/python3" and "/" in rest else rest
+    return Path(filename).name
+
+
+# -- profiling: py-spy (a sampling profiler, all threads, wall clock) -----------------------------
+def find_py_spy() -> str | None:
+    """``$PY_SPY``, ``py-spy`` next to this Python, or on ``PATH``; None when absent."""
+    candidates = [
+        os.environ.get("PY_SPY"),
+        str(Path(sys.executable).parent / "py-spy"),
+        shutil.which("py-spy"),
+    ]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+@dataclass
+class ThreadSamples:
+    thread: str
+    samples: int
+    leaves: list[tuple[str, int]]  # (function, samples where it was the innermost frame)
+    inclusive: list[tuple[str, int]]  # (function, samples where it was anywhere on the stack)
+
+
+@contextlib.contextmanager
+def py_spy_record(
+    executable: str, duration_s: int, *, rate: int = 200, gil: bool = True
+) -> Iterator[list[ThreadSamples]]:
+    """Sample this process with py-spy for ``duration_s`` seconds, every thread.
+
+    ``gil=True`` keeps only the samples of the thread holding the GIL (where a GIL-bound
+    process spends its one core); ``gil=False`` keeps every thread, idle ones included (wall
+    clock). Keep the workload running at least a second longer than ``duration_s`` so that
+    every sample is of it. The list yielded is filled once the block ends; it stays empty when
+    py-spy cannot attach."""
+    result: list[ThreadSamples] = []
+    mode = "--gil" if gil else "--idle"
+    with tempfile.TemporaryDirectory(prefix="bench-pyspy-") as tmp:
+        out = Path(tmp) / "samples.txt"
+        command = [executable, "record", "--pid", str(os.getpid()), "--rate", str(rate)]
+        command += ["--duration", str(duration_s), mode, "--threads", "--nonblocking"]
+        command += ["--format", "raw", "--output", str(out)]
+        proc = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        try:
+            yield result
+        finally:
+            try:
+                _, err = proc.communicate(timeout=duration_s + 30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            if out.exists():
+                result.extend(parse_py_spy_raw(out.read_text()))
+            elif err:
+                progress(f"py-spy failed: {err.decode(errors='replace').strip()[-300:]}")
+
+
+def parse_py_spy_raw(text: str, n: int = 10) -> list[ThreadSamples]:
+    """Summarise py-spy's raw (collapsed-stack) output per thread."""
+    leaves: dict[str, Counter[str]] = defaultdict(Counter)
+    inclusive: dict[str, Counter[str]] = defaultdict(Counter)
+    totals: Counter[str] = Counter()
+    for line in text.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        head, *frames = stack.split(";")
+        thread = head.split(": ", 1)[1] if ": " in head else head
+        thread = re.sub(r"-\d+( \(.*\))?$", "", thread)  # Thread-7 (run) -> Thread
+        frames = [_strip_line(f) for f in frames]
+        totals[thread] += count
+        if frames:
+            leaves[thread][frames[-1]] += count
+        for f in set(frames):
+            inclusive[thread][f] += count
+    return [
+        ThreadSamples(
+            thread, total, leaves[thread].most_common(n), inclusive[thread].most_common(n)
+        )
+        for thread, total in totals.most_common()
+    ]
+
+
+def _strip_line(frame: str) -> str:
+    """'name (file.py:12)' -> 'name (file.py)', so one function's lines count together."""
+    name, _, where = frame.partition(" (")
+    return f"{name} ({where.rsplit(':', 1)[0]})" if where else name
+
+
+# -- other processes: CPU, memory, file descriptors, py-spy by pid ------------------------------
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class ProcessSample:
+    """A process's CPU time so far (all its threads), its resident set, and the machine's
+    jiffies at the same moment."""
+
+    cpu_s: float
+    rss_mb: float  # VmRSS in decimal MB (10^6 bytes)
+    threads: dict[int, tuple[str, float]]  # tid -> (name, CPU seconds so far)
+    machine: tuple[int, int]  # (busy, total) jiffies of the whole machine
+    at: float  # time.perf_counter() when taken
+
+
+def sample_process(pid: int) -> ProcessSample:
+    """CPU seconds (user + system, every thread), RSS and per-thread CPU of ``pid``, from
+    /proc; zeros for a process that is gone."""
+    cpu, rss_kb = 0.0, 0
+    threads: dict[int, tuple[str, float]] = {}
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss_kb = int(line.split()[1])
+                    break
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                with open(f"/proc/{pid}/task/{task}/stat") as f:
+                    text = f.read()
+                name = text[text.index("(") + 1 : text.rindex(")")]
+                tf = text.rsplit(")", 1)[1].split()
+                threads[int(task)] = (name, (int(tf[11]) + int(tf[12])) / CLOCK_TICKS)
+    return ProcessSample(cpu, rss_kb * 1024 / MB, threads, _machine_jiffies(), time.perf_counter())
+
+
+def cores_between(a: ProcessSample, b: ProcessSample) -> float:
+    """Average number of cores the process kept busy between two samples."""
+    wall = b.at - a.at
+    return (b.cpu_s - a.cpu_s) / wall if wall > 0 else float("nan")
+
+
+def machine_busy_between(a: ProcessSample, b: ProcessSample) -> float:
+    """Share (0..1) of all the machine's CPUs that were busy between two samples."""
+    dt = b.machine[1] - a.machine[1]
+    return (b.machine[0] - a.machine[0]) / dt if dt > 0 else float("nan")
+
+
+def raise_fd_limit(want: int = 65536) -> int:
+    """Raise this process's open-file limit towards ``want`` (children inherit it); returns
+    the soft limit now in force."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    for limits in ((want, max(want, hard)), (min(want, hard), hard)):
+        if limits[0] <= soft:
+            return soft
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+            return limits[0]
+        except (ValueError, OSError):
+            continue
+    return soft
+
+
+def py_spy_record_pid(
+    executable: str, pid: int, duration_s: float, *, rate: int = 100, mode: str = "active"
+) -> str:
+    """Sample another process with py-spy for ``duration_s`` seconds, every thread, and return
+    py-spy's raw (collapsed-stack) text ("" when it could not attach). ``mode``: "active"
+    (samples of threads that were running: where CPU goes), "gil" (only the GIL holder) or
+    "idle" (every thread, waits included). Blocks for the duration."""
+    with tempfile.TemporaryDirectory(prefix="bench-pyspy-") as tmp:
+        out = Path(tmp) / "samples.txt"
+        command = [executable, "record", "--pid", str(pid), "--rate", str(rate)]
+        command += ["--duration", str(max(1, round(duration_s))), "--threads", "--nonblocking"]
+        command += {"gil": ["--gil"], "idle": ["--idle"]}.get(mode, [])
+        command += ["--format", "raw", "--output", str(out)]
+        try:
+            done = subprocess.run(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                timeout=duration_s + 30,
+            )
+        except subprocess.TimeoutExpired:
+            progress("py-spy did not finish in time")
+            return ""
+        if out.exists():
+            return out.read_text()
+        progress(f"py-spy failed: {done.stderr.decode(errors='replace').strip()[-300:]}")
+        return ""

@@ -1,0 +1,1809 @@
+"""Benchmark of the collector: Raccoon events over WebSocket, REST and gRPC into the embedded log.
+
+Run from the repository root::
+
+    .venv/bin/python bench/collector.py                 # the full run, under 4 minutes
+    .venv/bin/python bench/collector.py --quick         # a smoke run, under 60 s
+    .venv/bin/python bench/collector.py --format json   # the same figures as JSON on stdout
+
+The collector runs in its own process, started through the ``headwater`` command line exactly as
+``headwater --config FILE collector --port 0 --grpc-port 0`` runs it, with its embedded log in a
+temporary directory under ``./data`` (``--dir``). The load comes from other processes (this same
+script in a load-generator role, asyncio on uvloop with a hand-written WebSocket / HTTP/1.1 client
+that sends pre-built request bytes, and a ``grpc.aio`` client for gRPC). Everything talks over
+loopback, and everything shares this machine's cores: the figures are what the collector does
+with a load generator next to it, and the generators' CPU is printed beside them.
+
+Workload: Raccoon ``SendEventRequest``s of 100 events of 200 bytes (type ``click``; 21,351
+bytes as protobuf), each with its own ``req_guid``. What is measured, in one run:
+
+1. WebSocket, ``ack: durable`` and ``ack: received``, 1, 100 and 1,000 connections (``--quick``:
+   1 and 100), each connection with its own ``X-User-ID`` and at most 4 requests in flight,
+   sending the next as soon as one is acked (closed loop: saturation); 10 s after 2 s of warm-up
+   (``--quick``: 3 s after 1 s). Then, durable, a paced run at 150k events/s (the target) over
+   the largest connection count, and one at half of what the collector sustained there: the ack
+   latency at (and below) the target load. Figures: events/s, ack latency p50/p95/p99 (send to
+   ack, measured by the client), the collector's CPU (all threads, and its event-loop thread
+   alone), CPU per event, its RSS, the generator's CPU, the whole machine's.
+2. REST ``POST /api/v1/events`` (``application/proto``, keep-alive, 50 concurrent) and
+3. gRPC ``EventService/SendEvent`` (50 concurrent calls), both with ``ack: durable``.
+4. The collector's RSS with 10,000 idle WebSocket connections (``--quick``: 2,000, extrapolated),
+   each having sent one batch, opened from two processes on their own 127.0.0.x addresses, on a
+   fresh collector.
+5. The raw log: the same records (the collector's decoder and record builder make them from the
+   same request) appended to an ``EmbeddedBus`` in this process with durability ``always`` by 64
+   asyncio appenders, as ``bench/bus.py`` does, and the ratio collector / raw log.
+
+Targets (issue 3): >= 150k events/s with ``ack: durable`` (stretch 300k); p95 ack latency <= 20 ms
+at 1k connections (judged on the paced run at 150k events/s); <= 250 MB RSS with 10k idle
+connections. A miss is printed with by how much; a throughput or latency miss is profiled with
+py-spy on the collector under load (``$PY_SPY``, ``py-spy`` next to this Python, or on ``PATH``).
+This is not a test: it exits 0 unless it fails. Every child process ends itself (time limits,
+and when this script goes away).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import random
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any, cast
+
+from _common import (
+    ProcessSample,
+    bench_directory,
+    cores_between,
+    emit_json,
+    find_py_spy,
+    fmt_number,
+    machine_busy_between,
+    machine_info,
+    percentile,
+    print_table,
+    progress,
+    py_spy_record_pid,
+    raise_fd_limit,
+    sample_process,
+)
+
+HOST = "127.0.0.1"
+PATH = "/api/v1/events"
+GRPC_METHOD = "/raystack.raccoon.v1beta1.EventService/SendEvent"
+EVENTS_PER_BATCH = 100
+EVENT_BYTES = 200
+EVENT_TYPE = "click"
+IN_FLIGHT = 4  # requests a WebSocket connection may have sent and not yet seen acked
+HTTP_CONCURRENCY = 50
+GUID_LEN = 36  # req_guid is 36 characters, like a UUID
+OK_PREFIX = b"\x08\x01\x10\x01"  # SendEventResponse: status SUCCESS, code OK
+IDLE_CONNECTIONS = 10_000
+IDLE_SOURCES = ("127.0.0.2", "127.0.0.3")
+RAW_APPENDERS = 64
+
+TARGET_EVENTS_S = 150_000.0
+STRETCH_EVENTS_S = 300_000.0
+TARGET_P95_MS = 20.0
+TARGET_IDLE_RSS_MB = 250.0
+PY_SPY_RATE = 100
+
+
+# -- the workload: request bytes built once, a req_guid spliced in per request ---------------------
+def request_template(seed: int = 7) -> bytes:
+    """A serialized SendEventRequest of 100 events of 200 bytes whose req_guid is 36 zeros,
+    the first field: bytes 2..38 of the message."""
+    from headwater.collector.protocols import raccoon
+
+    rng = random.Random(seed)
+    request: Any = raccoon.SendEventRequest(req_guid="0" * GUID_LEN)
+    request.sent_time.GetCurrentTime()
+    for _ in range(EVENTS_PER_BATCH):
+        event = request.events.add()
+        event.event_bytes = rng.randbytes(EVENT_BYTES)
+        event.type = EVENT_TYPE
+    data: bytes = request.SerializeToString()
+    if not data.startswith(b"\x0a" + bytes((GUID_LEN,)) + b"0" * GUID_LEN):
+        raise RuntimeError("req_guid is not where it is expected in the serialized request")
+    return data
+
+
+def with_guid(template: bytes, guid: bytes) -> bytes:
+    return b"".join((template[:2], guid, template[2 + GUID_LEN :]))
+
+
+class Guids:
+    """Distinct 36-byte request ids: a per-process, per-connection prefix and a counter."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix.encode()
+        self.width = GUID_LEN - len(self.prefix)
+        self.seq = 0
+
+    def next(self) -> bytes:
+        self.seq += 1
+        return self.prefix + b"%0*d" % (self.width, self.seq)
+
+
+def _xor(data: bytes, key: bytes) -> bytes:
+    n = len(data)
+    stream = (key * (n // len(key) + 1))[:n]
+    return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(n, "big")
+
+
+def masked_frame(opcode: int, payload: bytes, mask: bytes) -> bytes:
+    """A final, masked client frame (RFC 6455)."""
+    n = len(payload)
+    if n < 126:
+        head = bytes((0x80 | opcode, 0x80 | n))
+    elif n < 1 << 16:
+        head = bytes((0x80 | opcode, 0x80 | 126)) + n.to_bytes(2, "big")
+    else:
+        head = bytes((0x80 | opcode, 0x80 | 127)) + n.to_bytes(8, "big")
+    return head + mask + _xor(payload, mask)
+
+
+class RequestFrames:
+    """Binary frames of the template request, masked once; per request only the 36 bytes of its
+    req_guid are masked and spliced in. One masking key per process (a server cannot tell)."""
+
+    def __init__(self, template: bytes, mask: bytes) -> None:
+        whole = masked_frame(2, template, mask)
+        start = len(whole) - len(template)  # the payload's offset in the frame
+        self.prefix = whole[: start + 2]
+        self.tail = whole[start + 2 + GUID_LEN :]
+        self.guid_key = int.from_bytes((mask * 11)[2 : 2 + GUID_LEN], "big")
+
+    def frame(self, guid: bytes) -> bytes:
+        masked = (int.from_bytes(guid, "big") ^ self.guid_key).to_bytes(GUID_LEN, "big")
+        return b"".join((self.prefix, masked, self.tail))
+
+
+# -- load generator side: what a run reports ------------------------------------------------------
+class Stats:
+    """Acks counted and latencies kept inside the measured window."""
+
+    def __init__(self) -> None:
+        self.window = (float("inf"), float("inf"))
+        self.latencies: list[float] = []
+        self.errors = 0
+        self.error_samples: list[str] = []
+        self.unmatched = 0
+        self.sent = 0
+
+    def ack(self, sent_at: float) -> None:
+        now = time.perf_counter()
+        if self.window[0] <= now < self.window[1]:
+            self.latencies.append(now - sent_at)
+
+    def error(self, reason: str) -> None:
+        now = time.perf_counter()
+        if self.window[0] <= now < self.window[1]:
+            self.errors += 1
+        if len(self.error_samples) < 3:
+            self.error_samples.append(reason[:200])
+
+    def result(self, cpu_s: float, window_s: float, **extra: object) -> dict[str, Any]:
+        return {
+            "acks": len(self.latencies),
+            "latencies_us": [round(x * 1e6) for x in self.latencies],
+            "errors": self.errors,
+            "error_samples": self.error_samples,
+            "unmatched": self.unmatched,
+            "cpu_s": cpu_s,
+            "window_s": window_s,
+            **extra,
+        }
+
+
+def response_problem(payload: bytes) -> tuple[bytes | None, str]:
+    """(req_guid, "") of a success response, or (req_guid or None, reason) of anything else."""
+    if payload.startswith(OK_PREFIX) and len(payload) > GUID_LEN:
+        return payload[-GUID_LEN:], ""  # data{req_guid} is the last field of the response
+    from headwater.collector.protocols import raccoon
+
+    try:
+        response: Any = raccoon.SendEventResponse.FromString(payload)
+    except Exception as e:  # not a response at all
+        return None, f"undecodable response: {e}"
+    guid = response.data.get("req_guid", "")
+    return (guid.encode() if guid else None), (
+        f"status {response.status} code {response.code}: {response.reason}"
+    )
+
+
+# -- a WebSocket client just big enough to load a server -----------------------------------------
+class WsClient(asyncio.Protocol):
+    """The handshake, pre-built request frames out, server frames parsed: binary frames are
+    SendEventResponses (matched to their request by req_guid), pings answered, close noted."""
+
+    def __init__(self, load: WsLoad, index: int, identity: str) -> None:
+        self.load = load
+        self.guids = Guids(f"{load.tag}-{index:06d}-")
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.handshake = (
+            f"GET {PATH} HTTP/1.1\r\nHost: {HOST}:{load.port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            f"X-User-ID: {identity}\r\nUser-Agent: headwater-bench\r\n\r\n"
+        ).encode()
+        loop = asyncio.get_running_loop()
+        self.upgraded: asyncio.Future[None] = loop.create_future()
+        self.lost: asyncio.Future[None] = loop.create_future()
+        self.transport: asyncio.Transport | None = None
+        self.pending: dict[bytes, float] = {}
+        self.close_code: int | None = None
+        self.acked: asyncio.Event | None = None  # set on each ack (idle connections use it)
+        self._buffer = bytearray()
+        self._open = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.transport.write(self.handshake)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.upgraded.done():
+            self.upgraded.set_exception(ConnectionError(f"lost before the upgrade: {exc}"))
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def send_request(self) -> None:
+        assert self.transport is not None
+        guid = self.guids.next()
+        self.pending[guid] = time.perf_counter()
+        self.transport.write(self.load.frames.frame(guid))
+        self.load.stats.sent += 1
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        if not self._open:
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            status = bytes(buffer[: buffer.find(b"\r\n")])
+            if not status.startswith(b"HTTP/1.1 101"):
+                self.upgraded.set_exception(ConnectionError(status.decode(errors="replace")))
+                assert self.transport is not None
+                self.transport.close()
+                return
+            del buffer[: end + 4]
+            self._open = True
+            self.upgraded.set_result(None)
+        pos, n = 0, len(buffer)
+        while n - pos >= 2:
+            length, head = buffer[pos + 1] & 0x7F, 2
+            if length == 126:
+                if n - pos < 4:
+                    break
+                length, head = int.from_bytes(buffer[pos + 2 : pos + 4], "big"), 4
+            elif length == 127:
+                if n - pos < 10:
+                    break
+                length, head = int.from_bytes(buffer[pos + 2 : pos + 10], "big"), 10
+            end = pos + head + length
+            if end > n:
+                break
+            opcode = buffer[pos] & 0x0F
+            payload = bytes(buffer[pos + head : end])
+            pos = end
+            if opcode == 2:
+                self._response(payload)
+            elif opcode == 9:  # ping: answer with a pong carrying the same data
+                assert self.transport is not None
+                self.transport.write(masked_frame(0xA, payload, self.load.mask))
+            elif opcode == 8:
+                self.close_code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else 1005
+                self.close()
+        if pos:
+            del buffer[:pos]
+
+    def _response(self, payload: bytes) -> None:
+        stats = self.load.stats
+        guid, problem = response_problem(payload)
+        sent_at = self.pending.pop(guid, None) if guid is not None else None
+        if sent_at is None:
+            stats.unmatched += 1
+            if not problem:
+                problem = "an ack for a request this connection did not send"
+        if problem:
+            stats.error(problem)
+        elif sent_at is not None:
+            stats.ack(sent_at)
+        if self.acked is not None:
+            self.acked.set()
+        if self.load.closed_loop and self.load.sending and len(self.pending) < IN_FLIGHT:
+            self.send_request()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(masked_frame(8, (1000).to_bytes(2, "big"), self.load.mask))
+            self.transport.close()
+
+
+@dataclass
+class WsLoad:
+    """What the connections of one generator process share."""
+
+    port: int
+    tag: str
+    frames: RequestFrames
+    mask: bytes
+    stats: Stats = field(default_factory=Stats)
+    closed_loop: bool = True
+    sending: bool = False
+
+
+async def open_websockets(
+    load: WsLoad, count: int, source: str | None, deadline_s: float, parallel: int = 200
+) -> tuple[list[WsClient], list[str]]:
+    """Open ``count`` upgraded connections, ``parallel`` handshakes at a time, each with its own
+    identity; from ``source`` (a 127.0.0.x address) when given."""
+    loop = asyncio.get_running_loop()
+    gate = asyncio.Semaphore(parallel)
+    opened: list[WsClient] = []
+    errors: list[str] = []
+    local = (source, 0) if source else None
+
+    async def one(i: int) -> None:
+        async with gate:
+            try:
+                _, client = await loop.create_connection(
+                    lambda: WsClient(load, i, f"bench-{load.tag}-{i}"),
+                    HOST,
+                    load.port,
+                    local_addr=local,
+                )
+                await asyncio.wait_for(client.upgraded, 30)
+                opened.append(client)
+            except (TimeoutError, OSError, ConnectionError) as e:
+                errors.append(f"{type(e).__name__}: {e}")
+
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(count))), deadline_s)
+    return opened, errors
+
+
+async def pace(load: WsLoad, clients: Sequence[WsClient], requests_per_s: float) -> None:
+    """Send ``requests_per_s`` round-robin over the connections, skipping full ones; when every
+    connection is full the collector is behind, and the debt is dropped (counted)."""
+    start, sent, i, n = time.perf_counter(), 0, 0, len(clients)
+    while load.sending:
+        due = int((time.perf_counter() - start) * requests_per_s) - sent
+        full = 0
+        while due > 0 and full < n:
+            client = clients[i % n]
+            i += 1
+            if len(client.pending) < IN_FLIGHT and not client.lost.done():
+                client.send_request()
+                sent, due, full = sent + 1, due - 1, 0
+            else:
+                full += 1
+        if full >= n:
+            start, sent = time.perf_counter(), 0
+        await asyncio.sleep(0.001)
+
+
+async def role_ws_load(args: argparse.Namespace) -> None:
+    mask = os.urandom(4)
+    load = WsLoad(args.port, f"w{args.index}", RequestFrames(request_template(), mask), mask)
+    clients, errors = await open_websockets(load, args.connections, args.source, 60)
+    emit_line({"ready": len(clients), "errors": errors[:3], "error_count": len(errors)})
+    await read_stdin_line()  # "go"
+    go = time.perf_counter()
+    load.stats.window = (go + args.warmup, go + args.warmup + args.duration)
+    load.sending = True
+    load.closed_loop = args.rate <= 0
+    pacer = None
+    if load.closed_loop:
+        for client in clients:
+            for _ in range(IN_FLIGHT):
+                client.send_request()
+    else:
+        pacer = asyncio.create_task(pace(load, clients, args.rate / EVENTS_PER_BATCH))
+    await asyncio.sleep(args.warmup)
+    cpu0 = time.process_time()
+    await asyncio.sleep(args.duration)
+    cpu_s = time.process_time() - cpu0
+    sent_in_window = load.stats.sent
+    load.sending = False
+    if pacer is not None:
+        await pacer
+    drain_until = time.perf_counter() + args.drain
+    while time.perf_counter() < drain_until and any(c.pending for c in clients):
+        await asyncio.sleep(0.05)
+    lost = sum(1 for c in clients if c.lost.done())
+    unacked = sum(len(c.pending) for c in clients)
+    for client in clients:
+        client.close()
+    await asyncio.sleep(0.3)
+    emit_line(
+        load.stats.result(cpu_s, args.duration, lost=lost, unacked=unacked, sent=sent_in_window)
+    )
+
+
+async def role_ws_idle(args: argparse.Namespace) -> None:
+    """Hold connections open and idle (after one acked batch each) until told to stop."""
+    mask = os.urandom(4)
+    load = WsLoad(args.port, f"i{args.index}", RequestFrames(request_template(), mask), mask)
+    load.closed_loop = False
+    clients, errors = await open_websockets(load, args.connections, args.source, args.max_seconds)
+    gate = asyncio.Semaphore(16)  # a few batches at a time: per-connection retention, not a peak
+
+    async def one_batch(client: WsClient) -> None:
+        async with gate:
+            client.acked = asyncio.Event()
+            client.send_request()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(client.acked.wait(), 15)
+            client.acked = None
+
+    await asyncio.gather(*(one_batch(c) for c in clients))
+    alive = sum(1 for c in clients if not c.lost.done())
+    emit_line(
+        {
+            "ready": alive,
+            "errors": errors[:3],
+            "error_count": len(errors),
+            "unacked": sum(len(c.pending) for c in clients),
+            "batch_errors": load.stats.error_samples,
+        }
+    )
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(read_stdin_line(), args.max_seconds)
+    for client in clients:
+        if client.transport is not None:
+            client.transport.abort()
+    emit_line({"done": True})
+
+
+# -- REST: a keep-alive HTTP/1.1 client ----------------------------------------------------------
+class HttpClient(asyncio.Protocol):
+    """One keep-alive connection with one POST in flight at a time."""
+
+    def __init__(self, load: HttpLoad, index: int) -> None:
+        self.load = load
+        self.guids = Guids(f"{load.tag}-{index:06d}-")
+        self.transport: asyncio.Transport | None = None
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._buffer = bytearray()
+        self._status = 0
+        self._length: int | None = None
+        self._guid = b""
+        self._sent_at = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def send_request(self) -> None:
+        assert self.transport is not None
+        self._guid = self.guids.next()
+        self._sent_at = time.perf_counter()
+        self.transport.write(self.load.head + with_guid(self.load.template, self._guid))
+        self.load.stats.sent += 1
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        while True:
+            if self._length is None:
+                end = buffer.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                head = bytes(buffer[:end])
+                del buffer[: end + 4]
+                self._status = int(head[9:12])
+                found = re.search(rb"\r\ncontent-length:\s*(\d+)", head, re.IGNORECASE)
+                self._length = int(found.group(1)) if found else 0
+            if len(buffer) < self._length:
+                return
+            body = bytes(buffer[: self._length])
+            del buffer[: self._length]
+            self._length = None
+            self._response(body)
+
+    def _response(self, body: bytes) -> None:
+        stats = self.load.stats
+        guid, problem = response_problem(body)
+        if self._status != 200 and not problem:
+            problem = f"HTTP {self._status}"
+        if not problem and guid != self._guid:
+            stats.unmatched += 1
+            problem = "the response names another request"
+        if problem:
+            stats.error(f"HTTP {self._status}: {problem}")
+        else:
+            stats.ack(self._sent_at)
+        if self.load.sending:
+            self.send_request()
+
+
+@dataclass
+class HttpLoad:
+    tag: str
+    head: bytes
+    template: bytes
+    stats: Stats = field(default_factory=Stats)
+    sending: bool = False
+
+
+async def role_rest_load(args: argparse.Namespace) -> None:
+    template = request_template()
+    head = (
+        f"POST {PATH} HTTP/1.1\r\nHost: {HOST}:{args.port}\r\nContent-Type: application/proto\r\n"
+        f"Content-Length: {len(template)}\r\nUser-Agent: headwater-bench\r\n\r\n"
+    ).encode()
+    load = HttpLoad(f"r{args.index}", head, template)
+    loop = asyncio.get_running_loop()
+    clients: list[HttpClient] = []
+    for i in range(args.connections):
+        _, client = await loop.create_connection(lambda i=i: HttpClient(load, i), HOST, args.port)
+        clients.append(client)
+    emit_line({"ready": len(clients), "errors": [], "error_count": 0})
+    await read_stdin_line()
+    go = time.perf_counter()
+    load.stats.window = (go + args.warmup, go + args.warmup + args.duration)
+    load.sending = True
+    for client in clients:
+        client.send_request()
+    await asyncio.sleep(args.warmup)
+    cpu0 = time.process_time()
+    await asyncio.sleep(args.duration)
+    cpu_s = time.process_time() - cpu0
+    load.sending = False
+    await asyncio.sleep(0.5)
+    lost = sum(1 for c in clients if c.lost.done())
+    for client in clients:
+        if client.transport is not None:
+            client.transport.close()
+    emit_line(load.stats.result(cpu_s, args.duration, lost=lost))
+
+
+async def role_grpc_load(args: argparse.Namespace) -> None:
+    import grpc
+
+    template = request_template()
+    stats = Stats()
+    sending = True
+
+    def same(data: bytes) -> bytes:
+        return data
+
+    async with grpc.aio.insecure_channel(f"{HOST}:{args.port}") as channel:
+        await asyncio.wait_for(channel.channel_ready(), 30)
+        send = channel.unary_unary(GRPC_METHOD, request_serializer=same, response_deserializer=same)
+
+        async def caller(index: int) -> None:
+            guids = Guids(f"g{args.index}-{index:06d}-")
+            while sending:
+                guid = guids.next()
+                stats.sent += 1
+                sent_at = time.perf_counter()
+                try:
+                    reply = await send(with_guid(template, guid), timeout=30)
+                except grpc.aio.AioRpcError as e:
+                    stats.error(f"gRPC {e.code().name}: {e.details()}")
+                    continue
+                got, problem = response_problem(reply)
+                if not problem and got != guid:
+                    stats.unmatched += 1
+                    problem = "the response names another request"
+                if problem:
+                    stats.error(problem)
+                else:
+                    stats.ack(sent_at)
+
+        emit_line({"ready": args.connections, "errors": [], "error_count": 0})
+        await read_stdin_line()
+        go = time.perf_counter()
+        stats.window = (go + args.warmup, go + args.warmup + args.duration)
+        callers = [asyncio.create_task(caller(i)) for i in range(args.connections)]
+        await asyncio.sleep(args.warmup)
+        cpu0 = time.process_time()
+        await asyncio.sleep(args.duration)
+        cpu_s = time.process_time() - cpu0
+        sending = False
+        await asyncio.wait(callers, timeout=10)
+    emit_line(stats.result(cpu_s, args.duration))
+
+
+# -- the collector process ------------------------------------------------------------------------
+def role_collector(args: argparse.Namespace) -> None:
+    """Run ``headwater --config FILE collector --port 0 --grpc-port 0`` in this process, ending
+    it (SIGTERM, then exit) after ``--max-seconds`` or when the benchmark that started it is
+    gone."""
+    raise_fd_limit()
+    parent = os.getppid()
+    me = os.getpid()
+
+    def guard() -> None:
+        deadline = time.monotonic() + args.max_seconds
+        while time.monotonic() < deadline and os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(me, signal.SIGTERM)  # a graceful stop first
+        time.sleep(30)
+        os._exit(5)
+
+    threading.Thread(target=guard, name="bench-guard", daemon=True).start()
+    gc_meter(Path(args.config).parent / GC_STATS, args.collector_gc)
+    from headwater.ops.cli import cli
+
+    command = ["--config", args.config, "collector", "--port", "0", "--grpc-port", "0"]
+    cli.main(command, prog_name="headwater")
+
+
+GC_STATS = "gc-stats.json"
+
+
+def gc_meter(path: Path, mode: str) -> None:
+    """Time Python's cyclic garbage collector in this process (``gc.callbacks``: seconds and
+    collections per generation, and seconds on the main thread), written to ``path`` every
+    0.2 s for the benchmark to read. ``mode`` "off" disables the collector (an experiment)."""
+    import gc
+
+    totals: dict[str, Any] = {"seconds": [0.0, 0.0, 0.0], "count": [0, 0, 0], "main_s": 0.0}
+    main = threading.main_thread().ident
+    began = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+            return
+        spent = time.perf_counter() - began[0]
+        generation = info["generation"]
+        totals["seconds"][generation] += spent
+        totals["count"][generation] += 1
+        if threading.get_ident() == main:
+            totals["main_s"] += spent
+
+    gc.callbacks.append(callback)
+    if mode == "off":
+        gc.disable()
+    elif mode == "freeze":  # what the collector imports, then everything so far out of reach
+        import headwater.collector.server
+        import headwater.ops.up  # noqa: F401
+
+        gc.collect()
+        gc.freeze()
+    elif mode.startswith("threshold="):
+        gc.set_threshold(*(int(x) for x in mode.split("=", 1)[1].split(",")))
+
+    def write() -> None:
+        scratch = path.with_suffix(".tmp")
+        while True:
+            scratch.write_text(json.dumps(totals))
+            os.replace(scratch, path)
+            time.sleep(0.2)
+
+    threading.Thread(target=write, name="bench-gc-meter", daemon=True).start()
+
+
+COLLECTOR_CONFIG = """\
+data_dir: {data_dir}
+bus:
+  backend: embedded
+  embedded:
+    durability: always
+collector:
+  host: {host}
+  ack: {ack}
+  raccoon:
+    max_connections: {max_connections}
+    max_connections_per_identity: 1
+"""
+
+
+@dataclass
+class Collector:
+    """A running collector process: its pid, ports and log."""
+
+    proc: subprocess.Popen[bytes]
+    ack: str
+    port: int
+    grpc_port: int
+    log: IO[bytes]
+    data_dir: Path
+    started: ProcessSample
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def sample(self) -> ProcessSample:
+        return sample_process(self.pid)
+
+    def gc_stats(self) -> dict[str, Any]:
+        """What the collector's garbage collector has cost so far (see ``gc_meter``)."""
+        with contextlib.suppress(OSError, ValueError):
+            stats: dict[str, Any] = json.loads((self.data_dir / GC_STATS).read_text())
+            return stats
+        return {"seconds": [0.0, 0.0, 0.0], "count": [0, 0, 0], "main_s": 0.0}
+
+    def log_tail(self, size: int = 800) -> str:
+        self.log.seek(0, os.SEEK_END)
+        self.log.seek(max(0, self.log.tell() - size))
+        return self.log.read().decode(errors="replace").strip()
+
+
+CHILDREN: list[subprocess.Popen[bytes]] = []
+
+
+def spawn(command: Sequence[str], *, stderr: IO[bytes] | None = None) -> subprocess.Popen[bytes]:
+    """A child in its own process group (ended with it), stdin/stdout pipes for its lines."""
+    proc = subprocess.Popen(
+        list(command),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        start_new_session=True,
+    )
+    CHILDREN.append(proc)
+    return proc
+
+
+def role_command(role: str, **options: object) -> list[str]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--role", role]
+    for name, value in options.items():
+        if value is not None:
+            command += [f"--{name.replace('_', '-')}", str(value)]
+    return command
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a child's process group (its own, by its pid) and reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
+_UNREAD: dict[int, bytearray] = defaultdict(bytearray)  # what was read past a line, per child
+
+
+def read_line(proc: subprocess.Popen[bytes], timeout_s: float) -> str:
+    """The child's next line on stdout, reading the pipe's file descriptor directly (a
+    buffered reader would hide lines it had already read from ``select``)."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    buffer = _UNREAD[proc.pid]
+    until = time.monotonic() + timeout_s
+    while (end := buffer.find(b"\n")) < 0:
+        left = until - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(0.0, left))
+        if not ready:
+            raise TimeoutError(f"pid {proc.pid}: nothing within {timeout_s:.0f} s")
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            raise RuntimeError(f"pid {proc.pid} exited (code {proc.poll()})")
+        buffer += chunk
+    line = bytes(buffer[: end + 1])
+    del buffer[: end + 1]
+    return line.decode(errors="replace")
+
+
+def read_json(proc: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(read_line(proc, timeout_s))
+    return result
+
+
+def tell(proc: subprocess.Popen[bytes], line: str) -> None:
+    assert proc.stdin is not None
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.write(line.encode() + b"\n")
+        proc.stdin.flush()
+
+
+def emit_line(document: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(document) + "\n")
+    sys.stdout.flush()
+
+
+async def read_stdin_line() -> str:
+    return await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+
+
+def start_collector(
+    directory: Path, ack: str, max_seconds: float, *, gc_mode: str = "on"
+) -> Collector:
+    data_dir = Path(tempfile.mkdtemp(prefix=f"collector-{ack}-", dir=directory))
+    config = data_dir / "headwater.yaml"
+    config.write_text(
+        COLLECTOR_CONFIG.format(
+            data_dir=json.dumps(str(data_dir)), host=HOST, ack=ack, max_connections=20_000
+        )
+    )
+    log = open(data_dir / "collector.log", "w+b")  # noqa: SIM115 (closed in stop_collector)
+    proc = spawn(
+        role_command(
+            "collector", config=config, max_seconds=round(max_seconds), collector_gc=gc_mode
+        ),
+        stderr=log,
+    )
+    port = grpc_port = 0
+    try:
+        until = time.monotonic() + 60
+        while time.monotonic() < until:
+            line = read_line(proc, max(0.1, until - time.monotonic()))
+            if found := re.search(r"health at http://[^:]+:(\d+)/", line):
+                port = int(found.group(1))
+            elif found := re.search(r"gRPC EventService on .*:(\d+)\s*$", line):
+                grpc_port = int(found.group(1))
+            elif "ready" in line:
+                break
+    except (TimeoutError, RuntimeError) as e:
+        log.seek(0)
+        tail = log.read().decode(errors="replace")[-800:]
+        kill(proc)
+        raise RuntimeError(f"the collector did not start: {e}: {tail}") from None
+    if not port or not grpc_port:
+        kill(proc)
+        raise RuntimeError("the collector did not print its ports")
+    progress(f"collector (ack: {ack}) pid {proc.pid} on port {port}, gRPC {grpc_port}")
+    return Collector(proc, ack, port, grpc_port, log, data_dir, sample_process(proc.pid))
+
+
+def stop_collector(collector: Collector) -> None:
+    proc = collector.proc
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            progress("the collector did not stop within 30 s of SIGTERM: killed")
+    kill(proc)
+    collector.log.close()
+    shutil.rmtree(collector.data_dir, ignore_errors=True)
+
+
+# -- results --------------------------------------------------------------------------------------
+@dataclass
+class LoadFigure:
+    """One load case against the collector: WebSocket, REST or gRPC."""
+
+    protocol: str  # "WebSocket", "REST", "gRPC"
+    ack: str
+    connections: int
+    load: str  # "closed" (as fast as acked) or "paced 150k/s"
+    seconds: float = 0.0
+    events_per_s: float = float("nan")
+    p50_ms: float = float("nan")
+    p95_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    errors: int = 0
+    collector_cores: float = float("nan")
+    loop_thread_cores: float = float("nan")  # the collector's main (event loop) thread
+    gc_loop_cores: float = float("nan")  # of which in Python's cyclic GC
+    full_gcs_per_s: float = float("nan")  # generation-2 collections per second
+    collector_us_per_event: float = float("nan")
+    collector_rss_mb: float = float("nan")
+    generator_cores: float = float("nan")
+    machine_cores: float = float("nan")  # busy cores of the whole machine (of 2)
+    target_events_per_s: float | None = None
+    note: str = ""
+
+    @property
+    def case(self) -> str:
+        return f"{self.protocol} {self.ack} x{self.connections} {self.load}"
+
+
+@dataclass
+class IdleFigure:
+    connections: int = 0
+    wanted: int = 0
+    baseline_mb: float = float("nan")
+    rss_mb: float = float("nan")
+    per_connection_kb: float = float("nan")
+    rss_at_10k_mb: float = float("nan")
+    open_s: float = float("nan")
+    note: str = ""
+
+
+@dataclass
+class RawFigure:
+    records_per_s: float
+    p50_ms: float
+    p99_ms: float
+    cores: float
+    partitions: int
+    appenders: int
+    seconds: float
+    record_bytes: int  # value + key + headers of one record as the collector makes it
+
+
+@dataclass
+class Target:
+    name: str
+    measured: float
+    required: float
+    unit: str
+    higher_is_better: bool
+    detail: str
+
+    @property
+    def passed(self) -> bool:
+        if self.measured != self.measured:  # NaN: not measured
+            return False
+        if self.higher_is_better:
+            return self.measured >= self.required
+        return self.measured <= self.required
+
+    def verdict(self) -> str:
+        m, r, u = fmt_number(self.measured), fmt_number(self.required), self.unit
+        if self.measured != self.measured:
+            return f"MISS  {self.name}: not measured; {self.detail}"
+        if self.higher_is_better:
+            if self.passed:
+                return f"PASS  {self.name}: {m} {u} >= {r} ({self.measured / self.required:.2f}x)"
+            short = self.required - self.measured
+            return (
+                f"MISS  {self.name}: {m} {u} < {r}: short by {fmt_number(short)} {u} "
+                f"({short / self.required:.0%} below; needs {self.required / self.measured:.2f}x)"
+                f"; {self.detail}"
+            )
+        if self.passed:
+            return f"PASS  {self.name}: {m} {u} <= {r} ({self.measured / self.required:.0%} of it)"
+        over = self.measured - self.required
+        return (
+            f"MISS  {self.name}: {m} {u} > {r}: over by {fmt_number(over)} {u} "
+            f"({self.measured / self.required:.1f}x the limit); {self.detail}"
+        )
+
+
+@dataclass
+class ProfileFigure:
+    case: str
+    seconds: int
+    rate: int
+    events_per_s: float
+    threads: list[dict[str, Any]] = field(default_factory=list)  # per thread: busy, top frames
+    categories: list[tuple[str, float]] = field(default_factory=list)  # main thread, by stage
+    note: str = ""
+
+
+@dataclass
+class Run:
+    args: argparse.Namespace
+    directory: Path
+    warmup: float
+    seconds: float
+    http_seconds: float
+    connections: tuple[int, ...]
+    idle_connections: int
+    loads: list[LoadFigure] = field(default_factory=list)
+    idle: IdleFigure | None = None
+    raw: RawFigure | None = None
+    targets: list[Target] = field(default_factory=list)
+    profiles: list[ProfileFigure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    background_cores: float = float("nan")
+
+
+# -- the measurements ---------------------------------------------------------------------------
+def drive(
+    collector: Collector,
+    generators: Sequence[subprocess.Popen[bytes]],
+    figure: LoadFigure,
+    warmup: float,
+    seconds: float,
+    *,
+    during: Callable[[], None] | None = None,
+) -> LoadFigure:
+    """Wait for the generators to connect, start them, sample the collector over the measured
+    window, collect the generators' results into ``figure``."""
+    try:
+        ready = [read_json(g, 120) for g in generators]
+        opened = sum(r["ready"] for r in ready)
+        if opened < figure.connections:
+            errors = sum(r["error_count"] for r in ready)
+            figure.note += f"{opened}/{figure.connections} connected ({errors} errors: "
+            figure.note += f"{[e for r in ready for e in r['errors']][:1]}) "
+            if not opened:
+                return figure
+        for g in generators:
+            tell(g, "go")
+        time.sleep(warmup)
+        before, gc_before = collector.sample(), collector.gc_stats()
+        if during is not None:
+            during()
+        else:
+            time.sleep(seconds)
+        after, gc_after = collector.sample(), collector.gc_stats()
+        results = [read_json(g, seconds + 60) for g in generators]
+    finally:
+        for g in generators:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                g.wait(10)
+            kill(g)
+    latencies = sorted(x for r in results for x in r["latencies_us"])
+    acks = sum(r["acks"] for r in results)
+    window = results[0]["window_s"]
+    figure.seconds = window
+    figure.events_per_s = acks * EVENTS_PER_BATCH / window
+    figure.p50_ms, figure.p95_ms, figure.p99_ms = (
+        percentile(latencies, q) / 1000 for q in (50, 95, 99)
+    )
+    figure.errors = sum(r["errors"] for r in results)
+    figure.collector_cores = cores_between(before, after)
+    main_before = before.threads.get(collector.pid, ("", 0.0))[1]
+    main_after = after.threads.get(collector.pid, ("", 0.0))[1]
+    figure.loop_thread_cores = (main_after - main_before) / (after.at - before.at)
+    figure.gc_loop_cores = (gc_after["main_s"] - gc_before["main_s"]) / (after.at - before.at)
+    figure.full_gcs_per_s = (gc_after["count"][2] - gc_before["count"][2]) / (after.at - before.at)
+    if figure.events_per_s > 0:
+        figure.collector_us_per_event = figure.collector_cores / figure.events_per_s * 1e6
+    figure.collector_rss_mb = after.rss_mb
+    figure.generator_cores = sum(r["cpu_s"] for r in results) / window
+    figure.machine_cores = machine_busy_between(before, after) * (os.cpu_count() or 1)
+    samples = [s for r in results for s in r["error_samples"]]
+    if figure.errors or samples:
+        figure.note += f"{figure.errors} errors in the window, e.g. {samples[:1]} "
+    unmatched = sum(r["unmatched"] for r in results)
+    if unmatched:
+        figure.note += f"{unmatched} unmatched responses "
+    lost = sum(r.get("lost", 0) for r in results)
+    if lost:
+        figure.note += f"{lost} connections closed by the collector "
+    unacked = sum(r.get("unacked", 0) for r in results)
+    if unacked:
+        figure.note += f"{unacked} requests unacked after the drain "
+    if figure.target_events_per_s and figure.events_per_s < 0.97 * figure.target_events_per_s:
+        figure.note += (
+            f"did not reach the paced rate ({fmt_number(figure.events_per_s)} of "
+            f"{fmt_number(figure.target_events_per_s)} events/s) "
+        )
+    figure.note = figure.note.strip()
+    return figure
+
+
+def websocket_case(
+    run: Run,
+    collector: Collector,
+    connections: int,
+    events_per_s: float = 0.0,
+    *,
+    during: Callable[[], None] | None = None,
+    seconds: float | None = None,
+) -> LoadFigure:
+    load = f"paced {fmt_number(events_per_s / 1000)}k/s" if events_per_s else "closed"
+    figure = LoadFigure("WebSocket", collector.ack, connections, load)
+    figure.target_events_per_s = events_per_s or None
+    span = seconds if seconds is not None else run.seconds
+    count = max(1, min(run.args.generators, connections // 100 or 1))
+    shares = [connections // count + (i < connections % count) for i in range(count)]
+    generators = [
+        spawn(
+            role_command(
+                "ws-load",
+                port=collector.port,
+                connections=share,
+                index=i,
+                warmup=run.warmup,
+                duration=span,
+                rate=events_per_s * share / connections,
+                drain=15,
+                max_seconds=span + run.warmup + 120,
+            )
+        )
+        for i, share in enumerate(shares)
+    ]
+    drive(collector, generators, figure, run.warmup, span, during=during)
+    report_progress(figure)
+    return figure
+
+
+def http_case(run: Run, collector: Collector, protocol: str) -> LoadFigure:
+    figure = LoadFigure(protocol, collector.ack, HTTP_CONCURRENCY, "closed")
+    generator = spawn(
+        role_command(
+            "rest-load" if protocol == "REST" else "grpc-load",
+            port=collector.port if protocol == "REST" else collector.grpc_port,
+            connections=HTTP_CONCURRENCY,
+            warmup=min(1.0, run.warmup),
+            duration=run.http_seconds,
+            max_seconds=run.http_seconds + 120,
+        )
+    )
+    drive(collector, [generator], figure, min(1.0, run.warmup), run.http_seconds)
+    report_progress(figure)
+    return figure
+
+
+def report_progress(f: LoadFigure) -> None:
+    progress(
+        f"  {f.case}: {fmt_number(f.events_per_s)} events/s, p50/p95/p99 "
+        f"{fmt_number(f.p50_ms)}/{fmt_number(f.p95_ms)}/{fmt_number(f.p99_ms)} ms, collector "
+        f"{f.collector_cores:.2f} cores (loop thread {f.loop_thread_cores:.2f}, of which GC "
+        f"{f.gc_loop_cores:.2f}), "
+        f"{fmt_number(f.collector_rss_mb)} MB; generator {f.generator_cores:.2f} cores "
+        f"{f.note}"
+    )
+
+
+def idle_case(run: Run, max_seconds: float) -> IdleFigure:
+    """A fresh durable collector; warm it up with a few connections, take its RSS, then hold
+    ``run.idle_connections`` connections that each sent one batch, and take its RSS again."""
+    figure = IdleFigure(wanted=run.idle_connections)
+    collector = start_collector(run.directory, "durable", max_seconds)
+    try:
+        warm = spawn(
+            role_command("ws-idle", port=collector.port, connections=50, index=9, max_seconds=60)
+        )
+        read_json(warm, 60)
+        tell(warm, "stop")
+        read_json(warm, 30)
+        kill(warm)
+        time.sleep(1.5)
+        figure.baseline_mb = collector.sample().rss_mb
+        count = len(IDLE_SOURCES)
+        shares = [
+            run.idle_connections // count + (i < run.idle_connections % count) for i in range(count)
+        ]
+        t0 = time.perf_counter()
+        holders = [
+            spawn(
+                role_command(
+                    "ws-idle",
+                    port=collector.port,
+                    connections=share,
+                    index=i,
+                    source=IDLE_SOURCES[i],
+                    max_seconds=max_seconds,
+                )
+            )
+            for i, share in enumerate(shares)
+        ]
+        try:
+            ready = [read_json(h, max_seconds) for h in holders]
+            figure.open_s = time.perf_counter() - t0
+            figure.connections = sum(r["ready"] for r in ready)
+            errors = sum(r["error_count"] for r in ready)
+            unacked = sum(r["unacked"] for r in ready)
+            if errors or unacked:
+                samples = [e for r in ready for e in r["errors"] + r["batch_errors"]]
+                figure.note = f"{errors} connect errors, {unacked} batches unacked {samples[:1]}"
+            time.sleep(2)  # let the collector settle (finished tasks freed)
+            figure.rss_mb = collector.sample().rss_mb
+            for h in holders:
+                tell(h, "stop")
+        finally:
+            for h in holders:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    h.wait(15)
+                kill(h)
+    finally:
+        stop_collector(collector)
+    if figure.connections:
+        per_mb = (figure.rss_mb - figure.baseline_mb) / figure.connections
+        figure.per_connection_kb = per_mb * 1000
+        figure.rss_at_10k_mb = (
+            figure.rss_mb
+            if figure.connections == IDLE_CONNECTIONS
+            else figure.baseline_mb + IDLE_CONNECTIONS * per_mb
+        )
+    progress(
+        f"  {figure.connections:,} idle connections: RSS {fmt_number(figure.baseline_mb)} -> "
+        f"{fmt_number(figure.rss_mb)} MB ({fmt_number(figure.per_connection_kb)} kB each) "
+        f"{figure.note}"
+    )
+    return figure
+
+
+def the_records() -> list[Any]:
+    """The records the collector makes of one template request: the same decoder and record
+    builder, with the context headers a WebSocket request gets."""
+    from headwater.collector.config import LimitsConfig
+    from headwater.collector.events import RequestContext, to_messages
+    from headwater.collector.protocols import raccoon
+
+    guid = "r" * GUID_LEN
+    intake = raccoon.decode_request(with_guid(request_template(), guid.encode()), LimitsConfig())
+    context = RequestContext(
+        "raccoon-ws", "raccoon", guid, time.time_ns() // 1_000_000, HOST, "headwater-bench"
+    )
+    return to_messages(intake.events, context)
+
+
+def raw_log_case(run: Run, partitions: int) -> RawFigure:
+    """The same records appended straight to the embedded log (durability always) by 64
+    asyncio appenders in this process: bench/bus.py's measurement."""
+    import bus as bus_bench  # bench/bus.py
+    from headwater.bus.embedded.backend import EmbeddedBus
+    from headwater.bus.embedded.config import EmbeddedBusConfig
+
+    records = the_records()
+    size = sum(
+        len(m.value) + len(m.key or b"") + sum(len(k) + len(v) for k, v in m.headers or ())
+        for m in records
+    ) // len(records)
+    directory = run.directory / "raw-log"
+    config = EmbeddedBusConfig(durability="always", default_partitions=partitions)
+    try:
+        with EmbeddedBus(directory, config) as bus:
+            figure, _ = bus_bench.measure_appends(
+                bus,
+                backend="embedded",
+                policy="always",
+                appenders=RAW_APPENDERS,
+                mode="asyncio",
+                partitions=partitions,
+                seconds=min(run.seconds, 5.0),
+                warmup=min(1.0, run.warmup),
+                batch=records,
+                disk_bytes=bus_bench.batch_disk_bytes(records),
+            )
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return RawFigure(
+        figure.records_per_s,
+        figure.latency_p50_ms,
+        figure.latency_p99_ms,
+        figure.process_cores,
+        partitions,
+        RAW_APPENDERS,
+        figure.seconds,
+        size,
+    )
+
+
+# -- profiling the collector under load ----------------------------------------------------------
+# Stages of the collector's work, by the file (and function) of the frames on a sample's stack;
+# a sample counts for the first stage (in this order) that any of its frames belongs to.
+STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Raccoon protobuf decode", ("protocols/raccoon.py:decode_request", "_walk")),
+    ("records + headers (to_messages, UUIDv7)", ("collector/events.py", "bus/headers.py")),
+    ("record validation (validate_batch)", ("bus/validation.py",)),
+    ("log: encode + queue (append_many)", ("bus/embedded/", "bus/partitioner.py")),
+    ("response encode", ("ok_response_bytes", "error_response_bytes")),
+    ("metrics", ("collector/metrics.py", "prometheus_client")),
+    ("WebSocket send (aiohttp writer)", ("send_bytes", "send_frame", "_websocket/writer")),
+    ("WebSocket receive + frame parsing (aiohttp)", ("_websocket/reader", "web_ws.py:receive")),
+    ("collector glue (service, publisher, server)", ("collector/",)),
+    ("aiohttp HTTP server (handshakes, requests)", ("aiohttp/",)),
+    ("gRPC", ("grpc",)),
+    ("asyncio / uvloop machinery", ("asyncio/", "uvloop", "<module>")),
+)
+
+
+def stage_shares(raw: str, thread_pid: int) -> list[tuple[str, float]]:
+    """Shares of the samples of thread ``thread_pid`` by stage of the collector's work."""
+    counts: Counter[str] = Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit() or not stack.startswith(f"thread ({thread_pid})"):
+            continue
+        count = int(count_text)
+        total += count
+        frames = [_frame_key(f) for f in stack.split(";")[1:]]
+        for name, markers in STAGES:
+            if any(m in f for f in frames for m in markers):
+                counts[name] += count
+                break
+        else:
+            counts["other (native: no Python frame, GC, ...)"] += count
+    return [(name, n / total) for name, n in counts.most_common()] if total else []
+
+
+def _frame_key(frame: str) -> str:
+    """'name (path/file.py:12)' -> 'path/file.py:name' (to match stage markers)."""
+    name, _, where = frame.partition(" (")
+    path = where.rsplit(":", 1)[0]
+    return f"{path}:{name}"
+
+
+def summarise_threads(raw: str, ticks: int, pid: int) -> list[dict[str, Any]]:
+    """Per thread (busiest first): samples as a share of the window, innermost frames and
+    frames anywhere on the stack."""
+    per_thread: dict[str, Counter[str]] = defaultdict(Counter)
+    leaves: dict[str, Counter[str]] = defaultdict(Counter)
+    totals: Counter[str] = Counter()
+    for line in raw.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        head, *frames = stack.split(";")
+        found = re.match(r"thread \((\d+)\)(?::\s*(.*))?", head)
+        tid = int(found.group(1)) if found else 0
+        label = (found.group(2) if found and found.group(2) else "") or str(tid)
+        thread = "event loop (main thread)" if tid == pid else label
+        thread = re.sub(r"-\d+( \(.*\))?$", "", thread)
+        frames = [_short_frame(f) for f in frames]
+        totals[thread] += count
+        if frames:
+            leaves[thread][frames[-1]] += count
+        for f in set(frames):
+            per_thread[thread][f] += count
+    return [
+        {
+            "thread": thread,
+            "busy": n / ticks if ticks else float("nan"),
+            "samples": n,
+            "leaves": leaves[thread].most_common(10),
+            "inclusive": per_thread[thread].most_common(16),
+        }
+        for thread, n in totals.most_common()
+    ]
+
+
+def _short_frame(frame: str) -> str:
+    name, _, where = frame.partition(" (")
+    path = where.rsplit(":", 1)[0]
+    for marker in ("site-packages/", "/src/", "lib/python3.11/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+    return f"{name} ({path})" if path else name
+
+
+def profile_collector(
+    run: Run, collector: Collector, connections: int, py_spy: str | None
+) -> ProfileFigure:
+    """py-spy on the collector while ``connections`` WebSocket connections load it (closed
+    loop): the share of time each thread was on the CPU and in what."""
+    seconds = max(2, round(run.seconds / 2))
+    figure = ProfileFigure(
+        f"WebSocket {collector.ack} x{connections} closed", seconds, PY_SPY_RATE, float("nan")
+    )
+    if py_spy is None:
+        figure.note = (
+            "py-spy not found: `pip install py-spy` (any environment) and set PY_SPY to it"
+        )
+        progress(figure.note)
+        return figure
+    progress(f"profiling the collector with py-spy: {figure.case}, {seconds} s")
+    raw: list[str] = []
+
+    def sample() -> None:
+        raw.append(py_spy_record_pid(py_spy, collector.pid, seconds, rate=PY_SPY_RATE))
+
+    load = websocket_case(run, collector, connections, during=sample, seconds=seconds + 1)
+    figure.events_per_s = load.events_per_s
+    text = raw[0] if raw else ""
+    if not text:
+        figure.note = "py-spy could not sample the collector"
+        return figure
+    ticks = seconds * PY_SPY_RATE
+    figure.threads = summarise_threads(text, ticks, collector.pid)
+    figure.categories = stage_shares(text, collector.pid)
+    return figure
+
+
+# -- the run --------------------------------------------------------------------------------------
+def background_cores(seconds: float = 1.0) -> float:
+    """Busy cores of the machine over ``seconds`` before the benchmark starts anything."""
+    a = sample_process(os.getpid())
+    time.sleep(seconds)
+    b = sample_process(os.getpid())
+    return machine_busy_between(a, b) * (os.cpu_count() or 1)
+
+
+def measure(run: Run) -> None:
+    args = run.args
+    py_spy = find_py_spy()
+    run.background_cores = background_cores()
+    progress(f"machine busy before the run: {run.background_cores:.2f} cores (of 2)")
+    if run.background_cores > 0.3:
+        run.notes.append(
+            f"the machine was already busy with {run.background_cores:.2f} cores of other "
+            "work when the run started: the figures are lower than on a quiet machine"
+        )
+    phase_s = 20 + (run.warmup + run.seconds + 6) * (len(run.connections) + 3)
+    phase_s += 2 * (run.http_seconds + 10)
+
+    # (5) the raw log, first, while nothing else runs
+    progress(f"raw log: the same records, {RAW_APPENDERS} asyncio appenders, durability always")
+    run.raw = raw_log_case(run, partitions=2)  # the collector's topic gets the default 2
+    progress(f"  raw log: {fmt_number(run.raw.records_per_s)} records/s")
+
+    # (1)-(3) durable: WebSocket, paced, REST, gRPC, then a profile when a target is missed
+    collector = start_collector(run.directory, "durable", phase_s)
+    try:
+        for n in run.connections:
+            run.loads.append(websocket_case(run, collector, n))
+        largest = run.connections[-1]
+        run.loads.append(websocket_case(run, collector, largest, TARGET_EVENTS_S))
+        sustained = next(
+            f.events_per_s for f in run.loads if f.connections == largest and f.load == "closed"
+        )
+        half = max(1_000.0, round(sustained / 2, -3))
+        if half < TARGET_EVENTS_S:
+            run.loads.append(websocket_case(run, collector, largest, half))
+        for protocol in ("REST", "gRPC"):
+            run.loads.append(http_case(run, collector, protocol))
+        best = max(
+            (f for f in run.loads if f.protocol == "WebSocket" and f.load == "closed"),
+            key=lambda f: f.events_per_s,
+        )
+        paced = [f for f in run.loads if f.target_events_per_s == TARGET_EVENTS_S]
+        missed = best.events_per_s < TARGET_EVENTS_S or any(
+            not f.p95_ms <= TARGET_P95_MS for f in paced
+        )
+        if args.profile == "always" or (args.profile == "auto" and missed):
+            run.profiles.append(profile_collector(run, collector, largest, py_spy))
+    finally:
+        stop_collector(collector)
+
+    # (1) received
+    collector = start_collector(run.directory, "received", phase_s)
+    try:
+        for n in run.connections:
+            run.loads.append(websocket_case(run, collector, n))
+        if args.profile == "always":
+            run.profiles.append(profile_collector(run, collector, run.connections[-1], py_spy))
+    finally:
+        stop_collector(collector)
+
+    # (4) idle connections
+    progress(f"{run.idle_connections:,} idle WebSocket connections (one batch each)")
+    run.idle = idle_case(run, 150)
+
+
+def check_targets(run: Run) -> None:
+    durable = [
+        f
+        for f in run.loads
+        if f.protocol == "WebSocket" and f.ack == "durable" and f.load == "closed"
+    ]
+    if durable:
+        best = max(durable, key=lambda f: f.events_per_s)
+        detail = f"best WebSocket durable case: x{best.connections} connections"
+        run.targets.append(
+            Target(
+                "events/s with ack: durable",
+                best.events_per_s,
+                TARGET_EVENTS_S,
+                "events/s",
+                True,
+                detail,
+            )
+        )
+        run.targets.append(
+            Target(
+                "stretch: events/s with ack: durable",
+                best.events_per_s,
+                STRETCH_EVENTS_S,
+                "events/s",
+                True,
+                detail,
+            )
+        )
+    for f in run.loads:
+        if f.target_events_per_s == TARGET_EVENTS_S:
+            run.targets.append(
+                Target(
+                    f"p95 ack latency at {f.connections:,} connections, paced at 150k events/s",
+                    f.p95_ms,
+                    TARGET_P95_MS,
+                    "ms",
+                    False,
+                    f"{fmt_number(f.events_per_s)} events/s achieved of the 150k/s paced; "
+                    "when the collector cannot keep up, requests queue and latency is queueing",
+                )
+            )
+    if run.idle is not None:
+        extrapolated = run.idle.connections != IDLE_CONNECTIONS
+        run.targets.append(
+            Target(
+                "RSS with 10k idle connections",
+                run.idle.rss_at_10k_mb,
+                TARGET_IDLE_RSS_MB,
+                "MB",
+                False,
+                f"{run.idle.connections:,} connections measured"
+                + (", extrapolated to 10k" if extrapolated else ""),
+            )
+        )
+
+
+# -- output ---------------------------------------------------------------------------------------
+def load_rows(loads: Sequence[LoadFigure]) -> tuple[list[str], list[list[object]]]:
+    headers = [
+        "case",
+        "events/s",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "errors",
+        "collector cores",
+        "loop thread",
+        "GC in loop",
+        "full GC/s",
+        "us CPU/event",
+        "RSS MB",
+        "generator cores",
+        "machine cores",
+    ]
+    rows: list[list[object]] = [
+        [
+            f.case,
+            f.events_per_s,
+            f.p50_ms,
+            f.p95_ms,
+            f.p99_ms,
+            f.errors,
+            f.collector_cores,
+            f.loop_thread_cores,
+            f.gc_loop_cores,
+            f.full_gcs_per_s,
+            f.collector_us_per_event,
+            f.collector_rss_mb,
+            f.generator_cores,
+            f.machine_cores,
+        ]
+        for f in loads
+    ]
+    return headers, rows
+
+
+def report(run: Run, markdown: bool = False) -> str:
+    info = machine_info(run.directory)
+    fs = info["filesystem"]
+    out = [
+        f"machine: {info['cpus']} cores ({info['cpu_model']}), {info['memory_gib']} GiB, "
+        f"Linux {info['kernel']}, Python {info['python']}; log on {fs['device']} "
+        f"({fs['type']})",
+        f"workload: Raccoon SendEventRequest of {EVENTS_PER_BATCH} events x {EVENT_BYTES} B "
+        f"({len(request_template()):,} B), a new req_guid each; WebSocket: at most {IN_FLIGHT} "
+        f"in flight per connection; {run.seconds:g} s per case after {run.warmup:g} s warm-up "
+        f"(REST/gRPC {run.http_seconds:g} s, {HTTP_CONCURRENCY} concurrent)",
+        "LOAD GENERATOR ON THE SAME 2-CORE MACHINE: the collector, the load generator processes "
+        "(their CPU is the 'generator cores' column) and the kernel's loopback TCP share 2 cores; "
+        "'machine cores' is everything that was busy.",
+        f"machine busy before the run started: {run.background_cores:.2f} cores",
+        *[f"note: {n}" for n in run.notes],
+        "",
+        "loads (closed: every connection keeps 4 requests in flight, the next sent on each ack; "
+        "paced: a fixed total rate; latency = send to ack at the client; collector cores = all "
+        "its threads, loop thread = its event-loop thread alone):",
+    ]
+    headers, rows = load_rows(run.loads)
+    out.append(print_table(headers, rows, markdown=markdown))
+    out += [f"  {f.case}: {f.note}" for f in run.loads if f.note]
+    if run.raw is not None:
+        raw = run.raw
+        durable = [
+            f
+            for f in run.loads
+            if f.ack == "durable" and f.protocol == "WebSocket" and f.load == "closed"
+        ]
+        out += [
+            "",
+            f"raw log, same run, same records ({raw.record_bytes} B each with the collector's "
+            f"context headers), EmbeddedBus in-process, durability always, {raw.appenders} "
+            f"asyncio appenders, {raw.partitions} partitions: "
+            f"{fmt_number(raw.records_per_s)} records/s, append p50 {fmt_number(raw.p50_ms)} "
+            f"ms, p99 {fmt_number(raw.p99_ms)} ms, {raw.cores:.2f} cores",
+        ]
+        out += [
+            f"  collector / raw log, WebSocket durable x{f.connections}: "
+            f"{f.events_per_s / raw.records_per_s:.2f}"
+            for f in durable
+        ]
+    if run.idle is not None:
+        i = run.idle
+        out += [
+            "",
+            f"idle connections (fresh durable collector, each connection sent one batch and got "
+            f"its ack; opened in {fmt_number(i.open_s)} s from {len(IDLE_SOURCES)} processes): "
+            f"{i.connections:,} of {i.wanted:,} open, RSS {fmt_number(i.baseline_mb)} MB before, "
+            f"{fmt_number(i.rss_mb)} MB with them: {fmt_number(i.per_connection_kb)} kB per "
+            f"connection, {fmt_number(i.rss_at_10k_mb)} MB at 10k {i.note}",
+        ]
+    out += ["", "targets:"]
+    out += [f"  {t.verdict()}" for t in run.targets]
+    for p in run.profiles:
+        out += ["", *profile_lines(p)]
+    return "\n".join(out)
+
+
+def profile_lines(p: ProfileFigure) -> list[str]:
+    out = [
+        f"where the time goes: {p.case}, py-spy (samples of threads on the CPU), {p.seconds} s "
+        f"at {p.rate} Hz, {fmt_number(p.events_per_s)} events/s while sampling"
+    ]
+    if p.note:
+        out.append(f"  {p.note}")
+    if p.categories:
+        out.append("  event-loop thread, share of its CPU samples by stage of the work:")
+        out += [f"    {share:6.1%}  {name}" for name, share in p.categories]
+    for t in p.threads:
+        if t["busy"] < 0.03:
+            continue
+        out.append(f"  thread {t['thread']}: on the CPU {t['busy']:.0%} of the time")
+        out.append("    innermost frames:")
+        out += [f"      {n / t['samples']:6.1%}  {fn}" for fn, n in t["leaves"][:8]]
+        out.append("    on the stack (inclusive):")
+        out += [f"      {n / t['samples']:6.1%}  {fn}" for fn, n in t["inclusive"][:12]]
+    return out
+
+
+def to_json(run: Run) -> dict[str, Any]:
+    return {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": machine_info(run.directory),
+        "background_cores_before": run.background_cores,
+        "workload": {
+            "events_per_request": EVENTS_PER_BATCH,
+            "event_bytes": EVENT_BYTES,
+            "request_bytes": len(request_template()),
+            "in_flight_per_connection": IN_FLIGHT,
+            "seconds": run.seconds,
+            "warmup_s": run.warmup,
+            "http_seconds": run.http_seconds,
+            "http_concurrency": HTTP_CONCURRENCY,
+        },
+        "loads": [{**asdict(f), "case": f.case} for f in run.loads],
+        "raw_log": asdict(run.raw) if run.raw else None,
+        "idle": asdict(run.idle) if run.idle else None,
+        "targets": [{**asdict(t), "passed": t.passed, "verdict": t.verdict()} for t in run.targets],
+        "profiles": [asdict(p) for p in run.profiles],
+        "notes": run.notes,
+    }
+
+
+# -- main -----------------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run, under 60 s")
+    parser.add_argument(
+        "--seconds", type=float, default=None, help="WebSocket window (default 10, --quick 3)"
+    )
+    parser.add_argument(
+        "--format",
+        choices=("text", "markdown", "json"),
+        default="text",
+        help="text (default), markdown tables, or json on stdout",
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="parent of the temporary directory (default ./data)",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="py-spy the collector under load: when a target is missed (auto), always, never",
+    )
+    parser.add_argument(
+        "--generators",
+        type=int,
+        default=1,
+        help="WebSocket load generator processes for 100+ connections (default 1)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    # internal: the child processes' roles
+    parser.add_argument(
+        "--role",
+        choices=("collector", "ws-load", "ws-idle", "rest-load", "grpc-load"),
+        help=argparse.SUPPRESS,
+    )
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    parser.add_argument("--collector-gc", default="on", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--connections", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--source", help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=float, default=2, help=argparse.SUPPRESS)
+    parser.add_argument("--duration", type=float, default=10, help=argparse.SUPPRESS)
+    parser.add_argument("--rate", type=float, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--drain", type=float, default=15, help=argparse.SUPPRESS)
+    parser.add_argument("--max-seconds", type=float, default=300, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def run_role(args: argparse.Namespace) -> int:
+    if args.role == "collector":
+        role_collector(args)
+        return 0
+    raise_fd_limit()
+    parent = os.getppid()
+
+    def guard() -> None:  # never outlive the run, nor the benchmark that started this
+        deadline = time.monotonic() + args.max_seconds
+        while time.monotonic() < deadline and os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(4)
+
+    threading.Thread(target=guard, name="bench-guard", daemon=True).start()
+    roles = {
+        "ws-load": role_ws_load,
+        "ws-idle": role_ws_idle,
+        "rest-load": role_rest_load,
+        "grpc-load": role_grpc_load,
+    }
+    main_coroutine = roles[args.role](args)
+    if args.role == "grpc-load":
+        asyncio.run(main_coroutine)  # grpc.aio on the default event loop
+    else:
+        import uvloop
+
+        uvloop.run(main_coroutine)
+    sys.stdout.flush()
+    os._exit(0)  # the stdin reader thread may still be blocked
+
+
+def watchdog(limit_s: float) -> None:
+    """End the whole run (children first) after ``limit_s`` seconds, whatever happens."""
+
+    def expire() -> None:
+        progress(f"hard time limit of {limit_s:.0f} s reached: stopping everything")
+        for proc in CHILDREN:
+            kill(proc)
+        os._exit(3)
+
+    timer = threading.Timer(limit_s, expire)
+    timer.daemon = True
+    timer.start()
+
+
+@contextlib.contextmanager
+def _directory(args: argparse.Namespace) -> Iterator[Path]:
+    directory = bench_directory(args.dir, "bench-collector-")
+    try:
+        yield directory
+    finally:
+        if args.keep:
+            progress(f"kept {directory}")
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.role:
+        return run_role(args)
+    seconds = args.seconds if args.seconds is not None else (3.0 if args.quick else 10.0)
+    started = time.perf_counter()
+    watchdog(110 if args.quick else 330)
+    fds = raise_fd_limit()
+    if fds < IDLE_CONNECTIONS + 2_000:
+        progress(f"open-file limit {fds}: too low for {IDLE_CONNECTIONS:,} idle connections")
+    try:
+        with _directory(args) as directory:
+            run = Run(
+                args=args,
+                directory=directory,
+                warmup=1.0 if args.quick else 2.0,
+                seconds=seconds,
+                http_seconds=2.0 if args.quick else 5.0,
+                connections=(1, 100) if args.quick else (1, 100, 1000),
+                idle_connections=2_000 if args.quick else IDLE_CONNECTIONS,
+            )
+            progress(f"benchmark directory {directory}")
+            measure(run)
+            check_targets(run)
+    finally:
+        for proc in CHILDREN:
+            if proc.poll() is None:
+                kill(proc)
+    progress(f"done in {time.perf_counter() - started:.0f} s")
+    if args.format == "json":
+        emit_json(to_json(run))
+    else:
+        print(report(run, markdown=args.format == "markdown"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
