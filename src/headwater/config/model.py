@@ -9,6 +9,7 @@ from pydantic import Field
 from headwater.bus.config import BusConfig
 from headwater.collector.config import CollectorConfig
 from headwater.config.base import Section
+from headwater.pipeline.config import PipelineConfig
 
 
 class HeadwaterConfig(Section):
@@ -19,7 +20,18 @@ class HeadwaterConfig(Section):
     collector: CollectorConfig = Field(
         default_factory=CollectorConfig, description="The event intake (HTTP, WebSocket, gRPC)."
     )
+    pipeline: PipelineConfig = Field(
+        default_factory=PipelineConfig, description="The Spark pipeline and its destinations."
+    )
 
     def log_dir(self) -> Path:
         """Where the embedded log lives."""
         return self.bus.embedded.path or self.data_dir / "log"
+
+    def checkpoint_dir(self) -> Path:
+        """Where the pipeline's queries keep their checkpoints."""
+        return self.pipeline.checkpoint_dir or self.data_dir / "checkpoints"
+
+    def warehouse_path(self) -> Path:
+        """The default DuckDB warehouse file."""
+        return self.data_dir / "warehouse.duckdb"

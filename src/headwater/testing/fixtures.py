@@ -5,12 +5,13 @@ Each service is started once per test session, and only when a test asks for its
 - ``postgres_service``: a throwaway PostgreSQL 15 cluster (:class:`PostgresService`)
 - ``redis_service``: a throwaway Redis server (:class:`RedisService`)
 - ``kafka_broker``: the Kafka-protocol test broker (:class:`BrokerService`)
+- ``spark``: one local-mode SparkSession for the whole run
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -45,3 +46,14 @@ def kafka_broker() -> Iterator[BrokerService]:
 
     with start_broker() as service:
         yield service
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The test session's one SparkSession (local[2]), with headwater's data source."""
+    from headwater.pipeline.config import SparkConfig
+    from headwater.pipeline.spark import spark_session
+
+    session = spark_session(SparkConfig(master="local[2]"), app_name="headwater-tests")
+    yield session
+    session.stop()

@@ -1,0 +1,177 @@
+"""The ``pipeline`` section of ``headwater.yaml``: Spark, the failed store, lookups, and the
+destinations, each of which runs as its own streaming query with its own checkpoint."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from headwater.config.base import Section
+
+DESTINATION_TYPES = (
+    "duckdb",
+    "postgres",
+    "clickhouse",
+    "files",
+    "redshift",
+    "snowflake",
+    "bigquery",
+)
+_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+class MappingField(Section):
+    src: str | None = Field(None, description="JSON path of the field the rule reads: /a/b.")
+    dst: str | None = Field(None, description="JSON path the rule writes (move, constant).")
+    action: Literal["move", "remove", "cast", "constant"] = Field(
+        description="move a subtree, remove it, give it an explicit SQL type, or set a constant."
+    )
+    type: str | None = Field(
+        None, description="SQL type for cast (required) and move (optional), in the dialect."
+    )
+    value: Any = Field(None, description="The value written by constant.")
+
+    @model_validator(mode="after")
+    def _needs(self) -> MappingField:
+        needs = {
+            "move": ("src", "dst"),
+            "remove": ("src",),
+            "cast": ("src", "type"),
+            "constant": ("dst",),
+        }[self.action]
+        missing = [k for k in needs if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"action {self.action!r} needs {' and '.join(missing)}")
+        for key in ("src", "dst"):
+            path = getattr(self, key)
+            if path is not None and not path.strip("/"):
+                raise ValueError(f"{key} {path!r} names no field")
+        return self
+
+
+class MappingConfig(Section):
+    keep_unmapped: bool = Field(True, description="Keep fields no rule names (else drop them).")
+    fields: list[MappingField] = Field(default_factory=list, description="Rules, in order.")
+
+
+class EnrichmentRule(Section):
+    name: Literal["ip_lookup", "user_agent_parse"] = Field(description="Which lookup to run.")
+    src: str = Field(description="JSON path of the input (an IP address or a user agent).")
+    dst: str = Field(description="JSON path where the result object goes.")
+
+
+class DestinationConfig(Section):
+    id: str = Field(description="Names the destination: its query, checkpoint and ledger.")
+    type: str = Field(description=f"One of: {', '.join(DESTINATION_TYPES)}.")
+    mode: Literal["stream", "batch"] = Field(
+        "batch", description="stream: continuously; batch: all available every batch_period_s."
+    )
+    batch_period_s: float = Field(300.0, gt=0, description="How often a batch-mode run starts.")
+    trigger_interval_s: float = Field(
+        1.0, ge=0, description="Stream mode: the processing-time trigger's interval."
+    )
+    max_records_per_trigger: int = Field(
+        200_000, gt=0, description="Most records one micro-batch reads."
+    )
+    topics: list[str] | None = Field(None, description="Topics to read, by name.")
+    topic_pattern: str = Field(
+        r"events-.*|clickstream-.*",
+        description="Regex over topic names to read, used when topics is not given.",
+    )
+    table_name_template: str = Field(
+        "events",
+        description="Table per event: text with {{ field.path }} substitutions; empty = skip.",
+    )
+    primary_key: list[str] = Field(
+        default_factory=list, description="Columns to upsert on (default: append)."
+    )
+    mapping: MappingConfig = Field(default_factory=MappingConfig, description="Mapping rules.")
+    enrichment: list[EnrichmentRule] = Field(
+        default_factory=list, description="Lookup rules (ip_lookup, user_agent_parse)."
+    )
+    path: Path | None = Field(
+        None, description="duckdb: database file; clickhouse (chdb): data folder; files: folder."
+    )
+    dsn: str | None = Field(
+        None, description="postgres: connection string; clickhouse: server URL (http://...)."
+    )
+    format: Literal["parquet", "jsonl.gz"] = Field("parquet", description="files: the format.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Settings particular to the destination type."
+    )
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not _ID.match(v):
+            raise ValueError("must be 1-63 of a-z, 0-9, _ and -, starting with a letter or digit")
+        return v
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, v: str) -> str:
+        if v not in DESTINATION_TYPES:
+            raise ValueError(
+                f"unknown destination type {v!r}; one of {', '.join(DESTINATION_TYPES)}"
+            )
+        return v
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _pattern(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"not a valid regular expression: {e}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _connection(self) -> DestinationConfig:
+        if self.type == "postgres" and not self.dsn:
+            raise ValueError("a postgres destination needs dsn")
+        if self.type in ("redshift", "snowflake", "bigquery") and not self.dsn:
+            raise ValueError(f"a {self.type} destination needs dsn")
+        return self
+
+
+class SparkConfig(Section):
+    master: str = Field("local[2]", description="Spark master URL (local[2]: this machine).")
+    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
+
+
+class ProtobufType(Section):
+    descriptor_set: Path = Field(description="A FileDescriptorSet file (protoc -o).")
+    message: str = Field(description="Full name of the message type: pkg.Message.")
+
+
+def _default_destinations() -> list[DestinationConfig]:
+    return [DestinationConfig(id="warehouse", type="duckdb")]
+
+
+class PipelineConfig(Section):
+    spark: SparkConfig = Field(default_factory=SparkConfig, description="Where Spark runs.")
+    checkpoint_dir: Path | None = Field(
+        None, description="Checkpoints of the queries (default: data_dir/checkpoints)."
+    )
+    failed_topic: str = Field("headwater-failed", description="The failed store's topic.")
+    geoip_database: Path | None = Field(
+        None, description="A MaxMind-format (.mmdb) database for ip_lookup."
+    )
+    protobuf: dict[str, ProtobufType] = Field(
+        default_factory=dict, description="Protobuf payloads: event type -> message type."
+    )
+    destinations: list[DestinationConfig] = Field(
+        default_factory=_default_destinations, description="Where events go."
+    )
+
+    @model_validator(mode="after")
+    def _unique(self) -> PipelineConfig:
+        seen: set[str] = set()
+        for d in self.destinations:
+            if d.id in seen:
+                raise ValueError(f"destination id {d.id!r} is used twice")
+            seen.add(d.id)
+        return self

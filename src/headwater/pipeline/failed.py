@@ -1,0 +1,225 @@
+"""The failed store: every event a step or a write could not handle, with why.
+
+It is a topic (``pipeline.failed_topic``, default ``headwater-failed``) so that it is durable
+and inspectable with the log tools. On Kafka it lives on the cluster; with the embedded log it
+is a log of its own under ``<data_dir>/failed`` (the main log has one writer, the collector),
+opened briefly by whoever appends, so the pipeline and ``headwater failed replay`` can share it.
+
+A failed record keeps the original key, value (the bytes exactly as the client sent them) and
+headers, and adds headers (``hw-failed-*``): its id, the destination, the step, the error code,
+the reason, where the event was on the log (topic/partition/offset) and when it failed. The id
+``<destination>:<topic>:<partition>:<offset>`` is also the record's key, so a batch that is
+failed again after a crash is the same failed event (``list`` shows it once).
+
+Replay (``replay``) appends the chosen events, with their original headers, to the topic
+``headwater-replay.<destination>`` of the same store; each destination's query reads that topic
+too, so replayed events pass through the same steps and the same exactly-once write.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from headwater.bus import Bus, Message, Record, open_bus
+from headwater.bus.errors import LogLocked
+from headwater.config.model import HeadwaterConfig
+
+PREFIX = "hw-failed-"
+ID, DESTINATION, STEP, CODE, REASON = (
+    f"{PREFIX}{k}" for k in ("id", "destination", "step", "code", "reason")
+)
+TOPIC, PARTITION, OFFSET, AT = (f"{PREFIX}{k}" for k in ("topic", "partition", "offset", "at"))
+KEY = f"{PREFIX}key"  # the original key, base64 (the record's own key is the failed id)
+REPLAY_OF = "hw-replay-of"
+REPLAY_TOPIC_PREFIX = "headwater-replay."
+LOCK_WAIT_S = 30.0
+
+
+@dataclass(frozen=True)
+class FailedEvent:
+    id: str
+    destination: str
+    step: str
+    code: str
+    reason: str
+    topic: str
+    partition: int
+    offset: int
+    failed_at: str
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...]  # the original headers
+
+    def to_json(self, *, with_value: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "destination": self.destination,
+            "step": self.step,
+            "code": self.code,
+            "reason": self.reason,
+            "topic": self.topic,
+            "partition": self.partition,
+            "offset": self.offset,
+            "failed_at": self.failed_at,
+        }
+        if with_value:
+            out["key"] = None if self.key is None else _show(self.key)
+            out["value"] = _show(self.value)
+            out["headers"] = {k: _show(v) for k, v in self.headers}
+        return out
+
+
+def _show(data: bytes) -> str | dict[str, str]:
+    """UTF-8 text as is, anything else as ``{"base64": ...}``."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def failed_config(config: HeadwaterConfig) -> HeadwaterConfig:
+    """The config of the bus that holds the failed store."""
+    if config.bus.backend != "embedded":
+        return config
+    embedded = config.bus.embedded.model_copy(
+        update={"path": config.data_dir / "failed", "default_partitions": 1}
+    )
+    return config.model_copy(update={"bus": config.bus.model_copy(update={"embedded": embedded})})
+
+
+def replay_topic(destination: str) -> str:
+    return f"{REPLAY_TOPIC_PREFIX}{destination}"
+
+
+def make_id(destination: str, topic: str, partition: int, offset: int) -> str:
+    return f"{destination}:{topic}:{partition}:{offset}"
+
+
+def to_message(event: FailedEvent) -> Message:
+    extra = [
+        (ID, event.id),
+        (DESTINATION, event.destination),
+        (STEP, event.step),
+        (CODE, event.code),
+        (REASON, event.reason),
+        (TOPIC, event.topic),
+        (PARTITION, str(event.partition)),
+        (OFFSET, str(event.offset)),
+        (AT, event.failed_at),
+    ]
+    if event.key is not None:
+        extra.append((KEY, base64.b64encode(event.key).decode("ascii")))
+    headers = event.headers + tuple((k, v.encode()) for k, v in extra)
+    return Message(value=event.value, key=event.id.encode(), headers=headers)
+
+
+def from_record(record: Record) -> FailedEvent | None:
+    """The failed event a record of the store holds (None for a record that is not one)."""
+    ours = {k: v.decode("utf-8", "replace") for k, v in record.headers if k.startswith(PREFIX)}
+    if ID not in ours:
+        return None
+    original = tuple((k, v) for k, v in record.headers if not k.startswith(PREFIX))
+    return FailedEvent(
+        id=ours[ID],
+        destination=ours.get(DESTINATION, ""),
+        step=ours.get(STEP, ""),
+        code=ours.get(CODE, ""),
+        reason=ours.get(REASON, ""),
+        topic=ours.get(TOPIC, ""),
+        partition=int(ours.get(PARTITION, "-1")),
+        offset=int(ours.get(OFFSET, "-1")),
+        failed_at=ours.get(AT, ""),
+        key=base64.b64decode(ours[KEY]) if KEY in ours else None,
+        value=record.value,
+        headers=original,
+    )
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class FailedStore:
+    """Appends to and reads the failed store."""
+
+    def __init__(self, config: HeadwaterConfig) -> None:
+        self.config = failed_config(config)
+        self.topic = config.pipeline.failed_topic
+
+    def _open(self, *, read_only: bool) -> Bus:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        delay = 0.01
+        while True:
+            if self.config.bus.backend == "embedded" and not read_only:
+                self.config.data_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                return open_bus(self.config, read_only=read_only)
+            except LogLocked:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(delay)  # another process appends right now: wait for its lock
+                delay = min(delay * 2, 0.2)
+
+    def append(self, events: Sequence[FailedEvent], topic: str | None = None) -> None:
+        """Append ``events`` durably (to the store's topic, or ``topic``)."""
+        if not events:
+            return
+        with self._open(read_only=False) as bus:
+            name = topic or self.topic
+            bus.create_topic(name)
+            bus.append(name, [to_message(e) for e in events]).result()
+            bus.flush()
+
+    def records(self, topic: str | None = None) -> Iterator[Record]:
+        with self._open(read_only=True) as bus:
+            name = topic or self.topic
+            if name not in {t.name for t in bus.topics()}:
+                return
+            info = bus.topic(name)
+            for p in range(info.partitions):
+                low, high = bus.watermarks(name, p)
+                offset = low
+                while offset < high:
+                    batch = bus.read(name, p, offset, max_records=5000)
+                    if not batch:
+                        break
+                    yield from batch
+                    offset = batch[-1].offset + 1
+
+    def events(self, destination: str | None = None, since: str | None = None) -> list[FailedEvent]:
+        """The failed events (the latest record per id), oldest first."""
+        latest: dict[str, FailedEvent] = {}
+        for record in self.records():
+            event = from_record(record)
+            if event is None:
+                continue
+            if destination is not None and event.destination != destination:
+                continue
+            if since is not None and event.failed_at < since:
+                continue
+            latest.pop(event.id, None)
+            latest[event.id] = event
+        return list(latest.values())
+
+    def replay(self, events: Sequence[FailedEvent]) -> dict[str, int]:
+        """Append ``events`` to their destinations' replay topics; returns counts per one."""
+        by_destination: dict[str, list[Message]] = {}
+        for e in events:
+            headers = (*e.headers, (REPLAY_OF, e.id.encode()))
+            by_destination.setdefault(e.destination, []).append(
+                Message(value=e.value, key=e.key, headers=headers)
+            )
+        if not by_destination:
+            return {}
+        with self._open(read_only=False) as bus:
+            for destination, messages in by_destination.items():
+                topic = replay_topic(destination)
+                bus.create_topic(topic)
+                bus.append(topic, messages).result()
+            bus.flush()
+        return {d: len(m) for d, m in by_destination.items()}

@@ -1,0 +1,63 @@
+"""The one SparkSession of a headwater process, built from ``pipeline.spark``.
+
+Local mode binds to loopback and runs the Python workers on this interpreter unless
+``PYSPARK_PYTHON`` says otherwise. The PostgreSQL JDBC driver is put on the classpath when the
+Debian package's jar is there. headwater's Spark data source (``format("headwater")``) is
+registered on every session this module builds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from headwater.pipeline.config import SparkConfig
+
+POSTGRES_JDBC_JAR = Path("/usr/share/java/postgresql.jar")
+_LOCK = threading.Lock()
+
+# Settings for a small local Spark: few shuffle partitions, Arrow transfers, UTC everywhere.
+_DEFAULTS = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+    "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+}
+
+
+def spark_session(config: SparkConfig, app_name: str = "headwater") -> SparkSession:
+    """The process's SparkSession (created on first use, then reused)."""
+    from pyspark.sql import SparkSession
+
+    with _LOCK:
+        if config.master.startswith("local"):
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        builder = SparkSession.builder.master(config.master).appName(app_name)
+        for key, value in {**_DEFAULTS, **config.conf}.items():
+            builder = builder.config(key, value)
+        if POSTGRES_JDBC_JAR.exists() and "spark.jars" not in config.conf:
+            builder = builder.config("spark.jars", str(POSTGRES_JDBC_JAR))
+        session = builder.getOrCreate()
+        session.sparkContext.setLogLevel("ERROR")
+        _register_sources(session)
+        return session
+
+
+def _register_sources(session: SparkSession) -> None:
+    try:
+        from headwater.pipeline.source import register
+    except ImportError:  # the source module is not there yet
+        return
+    register(session)
