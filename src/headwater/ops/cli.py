@@ -10,8 +10,10 @@ from headwater import __version__
 from headwater.errors import HeadwaterError
 from headwater.ops.config_cmds import config_group
 from headwater.ops.context import cli_config, config_option, group_config_option
+from headwater.ops.failed_cmds import failed_group
 from headwater.ops.log_cmds import log_group
 from headwater.ops.logs import setup_logging
+from headwater.ops.pipeline_cmds import pipeline_cmd
 from headwater.ops.up import Listen, run
 
 EXIT_ERROR = 1
@@ -50,6 +52,8 @@ def cli() -> None:
 
 cli.add_command(config_group)
 cli.add_command(log_group)
+cli.add_command(failed_group)
+cli.add_command(pipeline_cmd)
 
 
 def _listen_options(f: Any) -> Any:
@@ -87,13 +91,14 @@ def up_cmd(
 ) -> None:
     """Run headwater on this machine until SIGTERM or Ctrl-C.
 
-    Opens the configured bus (the embedded log under data_dir by default) and runs the
-    collector on it; GET /healthz answers 200 once it is ready. On SIGTERM or SIGINT it stops
-    gracefully: in-flight requests finish, WebSockets close with 1001, and the bus is flushed
-    and closed.
+    Opens the configured bus (the embedded log under data_dir by default), runs the collector
+    on it (GET /healthz answers 200 once it is ready) and the pipeline's destinations in Spark
+    local mode (the DuckDB warehouse under data_dir by default). On SIGTERM or SIGINT it stops
+    gracefully: in-flight requests finish, WebSockets close with 1001, the running micro-batches
+    finish, and the bus is flushed and closed.
     """
     setup_logging("json" if log_format == "json" else "text")
-    run(cli_config(ctx), Listen(host, port, grpc_port), echo=click.echo)
+    run(cli_config(ctx), Listen(host, port, grpc_port), echo=click.echo, with_pipeline=True)
 
 
 @cli.command("collector")

@@ -9,12 +9,18 @@ finish, WebSockets close with 1001, and the bus is flushed and closed (persistin
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from headwater.bus import Bus, open_bus
 from headwater.config.model import HeadwaterConfig
+from headwater.pipeline.config import DestinationConfig
+
+if TYPE_CHECKING:
+    from headwater.pipeline.runner import Pipeline
 
 
 @dataclass(frozen=True)
@@ -38,9 +44,11 @@ async def serve(
     listen: Listen = Listen(),
     echo: Callable[[str], None] = print,
     stop: asyncio.Event | None = None,
+    with_pipeline: bool = False,
 ) -> None:
-    """Run the collector on the configured bus until ``stop`` is set (by SIGTERM/SIGINT when
-    this runs in the main thread)."""
+    """Run the collector on the configured bus (and, ``with_pipeline``, the pipeline's
+    destinations) until ``stop`` is set (by SIGTERM/SIGINT when this runs in the main
+    thread)."""
     from headwater.collector.server import CollectorServer
     from headwater.collector.service import Collector
 
@@ -56,6 +64,7 @@ async def serve(
     cfg = config.collector
     bus: Bus | None = None
     server: CollectorServer | None = None
+    pipeline: Pipeline | None = None
     try:
         if config.bus.backend == "embedded":
             config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -85,12 +94,16 @@ async def serve(
         )
         if server.grpc_port is not None:
             echo(f"headwater: gRPC EventService on {server.host}:{server.grpc_port}")
+        if with_pipeline:
+            pipeline = await asyncio.to_thread(start_pipeline, config, echo)
         echo("headwater: ready (stop with Ctrl-C or SIGTERM)")
         await stop.wait()
         echo("headwater: stopping")
     finally:
         if server is not None:
             await server.stop()
+        if pipeline is not None:
+            await asyncio.to_thread(pipeline.stop)
         if bus is not None:
             await asyncio.to_thread(bus.close)
         for sig in installed:
@@ -98,12 +111,49 @@ async def serve(
     echo("headwater: stopped")
 
 
-def run(config: HeadwaterConfig, listen: Listen, echo: Callable[[str], None] = print) -> None:
+def describe_destination(config: HeadwaterConfig, dest: DestinationConfig) -> str:
+    """Where a destination's rows land, for people."""
+    if dest.type == "duckdb":
+        where = f"DuckDB at {dest.path or config.warehouse_path()}"
+    elif dest.dsn:
+        where = f"{dest.type} at {redact_dsn(dest.dsn)}"
+    else:
+        where = f"{dest.type} under {dest.path or config.data_dir / dest.type / dest.id}"
+    return f"{where}, table {dest.table_name_template!r}"
+
+
+def redact_dsn(dsn: str) -> str:
+    """A connection string without its password."""
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", re.sub(r"password=\S+", "password=***", dsn))
+
+
+def start_pipeline(config: HeadwaterConfig, echo: Callable[[str], None]) -> Pipeline:
+    """Start Spark (local mode by default) and every destination's query."""
+    from headwater.pipeline.runner import Pipeline
+    from headwater.pipeline.spark import spark_session
+
+    echo(f"headwater: starting Spark ({config.pipeline.spark.master})")
+    spark = spark_session(config.pipeline.spark)
+    pipeline = Pipeline(config, spark, echo=echo)
+    pipeline.start()
+    for dest in config.pipeline.destinations:
+        echo(f"headwater: rows of {dest.id}: {describe_destination(config, dest)}")
+    return pipeline
+
+
+def run(
+    config: HeadwaterConfig,
+    listen: Listen,
+    echo: Callable[[str], None] = print,
+    *,
+    with_pipeline: bool = False,
+) -> None:
     """Run ``serve`` to completion on uvloop where it is installed."""
+    main = serve(config, listen, echo, with_pipeline=with_pipeline)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; asyncio's loop also works
-        asyncio.run(serve(config, listen, echo))
+        asyncio.run(main)
         return
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(serve(config, listen, echo))
+        runner.run(main)

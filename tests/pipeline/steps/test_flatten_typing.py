@@ -4,6 +4,7 @@ columns, on tiny DataFrames."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import ClassVar
 
 import pytest
 
@@ -19,7 +20,7 @@ from headwater.testing.pipeline import batch
 
 class Plain(Dialect):
     name = "plain"
-    types = {
+    types: ClassVar[dict[T, str]] = {
         T.BOOL: "BOOLEAN",
         T.INT64: "BIGINT",
         T.FLOAT64: "DOUBLE",
@@ -71,7 +72,7 @@ def test_nested_objects_flatten_and_arrays_are_json(spark):
         ("user", "age"): Field(("user", "age"), T.INT64),
         ("tags",): Field(("tags",), T.STRING, json_text=True),
     }
-    schema, rows = rows_of(spark, [{"user": {"address": {"city": "Oslo"}}, "tags": ["a", 1]}])
+    _, rows = rows_of(spark, [{"user": {"address": {"city": "Oslo"}}, "tags": ["a", 1]}])
     assert rows == [{"user_address_city": "Oslo", "tags": '["a",1]'}]
 
 
@@ -154,7 +155,7 @@ def test_values_that_fit_an_existing_wider_column_are_converted(spark):
 
 def test_timestamp_column_takes_iso_text_and_keeps_other_text_apart(spark):
     existing = TableSchema("t", {"at": Column("at", T.TIMESTAMP)})
-    schema, rows = rows_of(spark, [{"at": "2024-05-01T00:00:00Z"}, {"at": "yesterday"}], existing)
+    _, rows = rows_of(spark, [{"at": "2024-05-01T00:00:00Z"}, {"at": "yesterday"}], existing)
     assert rows == [
         {"at": datetime(2024, 5, 1, 0, 0), "at__string": None},
         {"at": None, "at__string": "yesterday"},

@@ -32,7 +32,7 @@ def errors(df):
 
 
 def test_decode_json_objects_and_fails_what_is_not(spark):
-    df = decode(batch(spark, [{"a": 1, "b": {"c": "x"}}, "not json", "[1, 2]", "  {\"ok\": true}"]))
+    df = decode(batch(spark, [{"a": 1, "b": {"c": "x"}}, "not json", "[1, 2]", '  {"ok": true}']))
     assert events(df) == [{"a": 1, "b": {"c": "x"}}, None, None, {"ok": True}]
     errs = errors(df)
     assert errs[0] is None and errs[3] is None
