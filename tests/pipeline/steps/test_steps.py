@@ -47,8 +47,14 @@ def test_decode_keeps_other_bytes_as_base64(spark):
 
 
 def test_decode_unlabelled_json_is_parsed_and_unlabelled_text_is_raw(spark):
-    df = decode(batch(spark, ['{"x": 1}', "hello"], content_type=None))
-    assert events(df) == [{"x": 1}, {RAW_FIELD: "aGVsbG8="}]
+    df = decode(batch(spark, ['{"x": 1}', "hello", "{broken"], content_type=None))
+    assert events(df) == [{"x": 1}, {RAW_FIELD: "aGVsbG8="}, {RAW_FIELD: "e2Jyb2tlbg=="}]
+    assert errors(df) == [None, None, None]
+
+
+def test_decode_json_in_raccoon_event_bytes(spark):
+    df = decode(batch(spark, ['{"x": 1}'], content_type="application/x-protobuf"))
+    assert events(df) == [{"x": 1}]
 
 
 def test_context_fields_come_from_headers_and_win_over_the_client(spark):

@@ -1,9 +1,10 @@
 """Step 1, decode: the record's bytes become ``event``, a VARIANT object.
 
 - Event types with a registered protobuf descriptor (``pipeline.protobuf``) are decoded with it.
-- JSON (content type ``application/json`` or ``*+json``, or no content type and a body that
-  starts with ``{``) is parsed; invalid JSON and JSON that is not an object fail the event
-  (``HW-PIPE-101``, ``HW-PIPE-102``).
+- JSON (content type ``application/json`` or ``*+json``) is parsed; invalid JSON and JSON that
+  is not an object fail the event (``HW-PIPE-101``, ``HW-PIPE-102``).
+- Other bytes that are a JSON object are taken as one (Raccoon clients often put JSON in
+  ``event_bytes``, which arrive labelled ``application/x-protobuf``).
 - Anything else is kept as bytes: ``{"_raw_base64": "<the bytes, base64>"}``.
 """
 
@@ -35,7 +36,8 @@ def decode(df: DataFrame, protobuf: Mapping[str, ProtobufType] | None = None) ->
     content_type = F.lower(F.coalesce(header(context.CONTENT_TYPE), F.lit("")))
     text = F.col("value").cast("string")
     json_like = content_type.startswith("application/json") | content_type.contains("+json")
-    is_json = json_like | ((content_type == "") & F.ltrim(text).startswith("{"))
+    sniffed = ~json_like & F.ltrim(text).startswith("{") & F.try_parse_json(text).isNotNull()
+    is_json = json_like | sniffed
     is_proto: Column = F.lit(False)
     if protobuf:
         from headwater.pipeline.steps.protobuf import protobuf_to_json
