@@ -13,7 +13,6 @@ topic, so replayed events take the same path.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,7 +47,7 @@ def source_frame(
     replay = read_stream(
         spark,
         failed_config(config),
-        pattern=re.escape(replay_topic(dest.id)),
+        topics=[replay_topic(dest.id)],
         max_records_per_trigger=dest.max_records_per_trigger,
     )
     return main.unionByName(replay)

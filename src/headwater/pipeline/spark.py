@@ -56,8 +56,6 @@ def spark_session(config: SparkConfig, app_name: str = "headwater") -> SparkSess
 
 
 def _register_sources(session: SparkSession) -> None:
-    try:
-        from headwater.pipeline.source import register
-    except ImportError:  # the source module is not there yet
-        return
+    from headwater.pipeline.source import register
+
     register(session)

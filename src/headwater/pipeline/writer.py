@@ -78,6 +78,8 @@ class DestinationWriter:
         self._destination: Destination | None = None
         self.last: BatchStats | None = None
         self.batches = 0
+        self.written = 0
+        self.failed_events = 0
 
     @property
     def destination(self) -> Destination:
@@ -107,6 +109,8 @@ class DestinationWriter:
         stats.seconds = time.monotonic() - started
         self.last = stats
         self.batches += 1
+        self.written += stats.written
+        self.failed_events += stats.failed
         log.info(
             "destination %s batch %d: %d rows, %d written to %s, %d failed, %d skipped (%.2f s)",
             self.dest.id,

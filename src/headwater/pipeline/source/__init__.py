@@ -1,0 +1,89 @@
+"""Reading the log from Spark.
+
+``format("headwater")`` (registered by :func:`register`, which every session headwater builds
+runs) reads either bus backend; its rows have the column layout of Spark's own Kafka source, so
+where Spark's Kafka connector is on the classpath and the bus is Kafka, :func:`read_stream` uses
+the connector instead.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from headwater.pipeline.source.arrow import SCHEMA_DDL
+from headwater.pipeline.source.reader import SOURCE_NAME, HeadwaterSource
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from headwater.config.model import HeadwaterConfig
+
+KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("headwater")`` available on ``spark``."""
+    spark.dataSource.register(HeadwaterSource)
+
+
+def kafka_connector_available(spark: SparkSession) -> bool:
+    """Whether Spark's official Kafka source is on the classpath."""
+    jvm = spark.sparkContext._jvm  # py4j: the only way to ask the JVM
+    assert jvm is not None
+    try:
+        jvm.java.lang.Class.forName(
+            KAFKA_PROVIDER, False, jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        )
+    except Exception:  # py4j wraps ClassNotFoundException
+        return False
+    return True
+
+
+def read_stream(
+    spark: SparkSession,
+    config: HeadwaterConfig,
+    topics: list[str] | None = None,
+    pattern: str | None = None,
+    max_records_per_trigger: int | None = None,
+    starting_offsets: str = "earliest",
+) -> DataFrame:
+    """A streaming DataFrame over ``topics`` (or the topics ``pattern`` matches)."""
+    if (topics is None) == (pattern is None):
+        raise ValueError("give exactly one of topics or pattern")
+    if config.bus.backend == "kafka" and kafka_connector_available(spark):
+        kafka = config.bus.kafka
+        reader = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+            .option("startingOffsets", starting_offsets)
+            .option("failOnDataLoss", "false")
+        )
+        if topics is not None:
+            reader = reader.option("subscribe", ",".join(topics))
+        else:
+            reader = reader.option("subscribePattern", pattern)
+        if max_records_per_trigger is not None:
+            reader = reader.option("maxOffsetsPerTrigger", str(max_records_per_trigger))
+        return reader.load()
+    reader = (
+        spark.readStream.format(SOURCE_NAME)
+        .option("config", config.model_dump_json())
+        .option("startingOffsets", starting_offsets)
+    )
+    if topics is not None:
+        reader = reader.option("topics", ",".join(topics))
+    else:
+        reader = reader.option("topicPattern", pattern)
+    if max_records_per_trigger is not None:
+        reader = reader.option("maxRecordsPerTrigger", str(max_records_per_trigger))
+    return reader.load()
+
+
+__all__ = [
+    "KAFKA_PROVIDER",
+    "SCHEMA_DDL",
+    "SOURCE_NAME",
+    "kafka_connector_available",
+    "read_stream",
+    "register",
+]

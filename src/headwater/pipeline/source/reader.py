@@ -1,0 +1,178 @@
+"""The ``headwater`` Spark data source: batch and streaming reads of the log, for both bus
+backends, on PySpark's Python Data Source API.
+
+Planning (offsets, ranges) runs in Spark's planner-side Python process, reading runs in the
+Python workers; each process opens the bus read-only once per config and keeps it (the
+embedded log has one writer, the collector; readers never take its lock).
+
+``commit(end)`` does nothing: Spark calls it a batch late, and a destination's checkpoint (with
+its ledger) is what says how far it got (seed 003: each writer owns its offsets).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from headwater.bus import Bus, open_bus
+from headwater.bus.errors import OffsetOutOfRange
+from headwater.config.model import HeadwaterConfig
+from headwater.pipeline.source import offsets as off
+from headwater.pipeline.source.arrow import SCHEMA_DDL, to_record_batch
+from headwater.pipeline.source.options import SourceOptions, parse_options
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "headwater"
+CHUNK = 8192  # records per bus read and per Arrow batch
+
+_buses: dict[str, Bus] = {}
+_buses_lock = threading.Lock()
+
+
+def bus_for(config_json: str) -> Bus:
+    """This process's read-only bus for a config (opened on first use)."""
+    with _buses_lock:
+        bus = _buses.get(config_json)
+        if bus is None:
+            bus = open_bus(HeadwaterConfig.model_validate_json(config_json), read_only=True)
+            _buses[config_json] = bus
+        return bus
+
+
+def watermarks(opts: SourceOptions) -> dict[tuple[str, int], tuple[int, int]]:
+    """(low, high) of every partition of the selected topics, as they are now."""
+    bus = bus_for(opts.config_json)
+    chosen = off.select_topics((t.name for t in bus.topics()), opts.topics, opts.pattern)
+    marks = {}
+    for topic in chosen:
+        for partition in range(bus.topic(topic).partitions):
+            marks[(topic, partition)] = bus.watermarks(topic, partition)
+    return marks
+
+
+class LogRange(InputPartition):
+    """One Spark task: records ``[start, end)`` of one topic-partition."""
+
+    def __init__(self, config_json: str, r: off.Range) -> None:
+        super().__init__(r)
+        self.config_json = config_json
+        self.range = r
+
+
+def read_range(part: LogRange) -> Iterator[Any]:
+    """The records of a range as Arrow batches (gaps left by compaction are skipped; a start
+    below the low watermark, where retention deleted records, reads from the low watermark)."""
+    bus = bus_for(part.config_json)
+    topic, partition, offset, end = part.range
+    while offset < end:
+        try:
+            records = bus.read(topic, partition, offset, max_records=min(CHUNK, end - offset))
+        except OffsetOutOfRange:
+            low, _ = bus.watermarks(topic, partition)
+            if offset >= low:
+                raise
+            log.warning(
+                "%s/%d: offsets %d to %d were deleted by retention before they were read",
+                topic,
+                partition,
+                offset,
+                low - 1,
+            )
+            offset = low
+            continue
+        records = [r for r in records if r.offset < end]
+        if not records:
+            return
+        yield to_record_batch(records)
+        offset = records[-1].offset + 1
+
+
+class HeadwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self.target: dict[tuple[str, int], int] | None = None
+
+    def initialOffset(self) -> dict:
+        return off.to_offsets(off.resolve(watermarks(self.opts), self.opts.starting))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        cap = self.opts.max_records_per_trigger
+        return ReadAllAvailable() if cap is None else ReadMaxRows(cap)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = {tp: high for tp, (_, high) in watermarks(self.opts).items()}
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        end = off.plan_end(off.from_offsets(start), watermarks(self.opts), cap, self.target)
+        return off.to_offsets(end)
+
+    def reportLatestOffset(self) -> dict | None:
+        return off.to_offsets({tp: high for tp, (_, high) in watermarks(self.opts).items()})
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        planned = off.ranges(
+            off.from_offsets(start), off.from_offsets(end), self.opts.records_per_task
+        )
+        return [LogRange(self.opts.config_json, r) for r in planned]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, LogRange)
+        return read_range(partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing: the checkpoint is the source of truth."""
+
+
+class HeadwaterBatchReader(DataSourceReader):
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+
+    def partitions(self) -> Sequence[InputPartition]:
+        marks = watermarks(self.opts)
+        start = off.resolve(marks, self.opts.starting)
+        end = off.resolve(marks, self.opts.ending, unnamed="latest")
+        planned = off.ranges(start, end, self.opts.records_per_task)
+        return [LogRange(self.opts.config_json, r) for r in planned]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, LogRange)
+        return read_range(partition)
+
+
+class HeadwaterSource(DataSource):
+    """``format("headwater")``: the log in the layout of Spark's Kafka source."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.opts = parse_options(options)
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return HeadwaterBatchReader(self.opts)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return HeadwaterStreamReader(self.opts)
