@@ -23,6 +23,7 @@ class Dialect(ABC):
     max_identifier_length: ClassVar[int] = 63
     lower_case: ClassVar[bool] = True
     quote_char: ClassVar[str] = '"'
+    add_column_if_not_exists: ClassVar[bool] = True  # ALTER TABLE ... ADD COLUMN IF NOT EXISTS
 
     def normalize(self, name: str) -> str:
         """A column or table name as this warehouse stores it: characters other than letters,
@@ -64,7 +65,8 @@ class Dialect(ABC):
         return f"CREATE TABLE IF NOT EXISTS {self.quote(table)} ({', '.join(cols)})"
 
     def add_column_sql(self, table: str, column: str, sql_type: str) -> str:
-        return f"ALTER TABLE {self.quote(table)} ADD COLUMN {self.quote(column)} {sql_type}"
+        guard = " IF NOT EXISTS" if self.add_column_if_not_exists else ""
+        return f"ALTER TABLE {self.quote(table)} ADD COLUMN{guard} {self.quote(column)} {sql_type}"
 
 
 def _canonical(sql_type: str) -> str:

@@ -57,3 +57,10 @@ def spark() -> Iterator[Any]:
     session = spark_session(SparkConfig(master="local[2]"), app_name="headwater-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def chdb_path(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The data folder of this process's embedded ClickHouse (chdb allows one per process);
+    tests keep apart by database."""
+    return tmp_path_factory.mktemp("chdb")

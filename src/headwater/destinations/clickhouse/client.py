@@ -1,0 +1,209 @@
+"""ClickHouse embedded through chdb (``path``: its data folder, default
+``<data_dir>/clickhouse``; ``options.database``, default ``headwater``).
+
+ClickHouse has no transactions, so exactly-once rests on its idempotent insert: every table's
+rows go in with ``insert_deduplication_token = "<writer>:<batch>:<table>"`` (tables keep a
+deduplication window of 10,000 inserts), squashed into one block so that a replay's insert has
+the same token; the ledger row is written last. A crash in between replays the batch, and the
+tokens make the repeated inserts no-ops. With a primary key, tables are ReplacingMergeTree
+ordered by it (read them with ``FINAL``).
+
+chdb runs one embedded server per process, on one data folder: a second folder in the same
+process is refused with an error naming both. ClickHouse servers (``dsn``) are not supported
+yet: that needs a client library this project does not install.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from headwater.destinations.base import (
+    Column,
+    Destination,
+    DestinationError,
+    DestinationUnavailable,
+    TableSchema,
+)
+from headwater.destinations.batches import dedupe_last, schema_of, utc_timestamps
+from headwater.destinations.clickhouse.dialect import ClickHouseDialect
+from headwater.destinations.sql import LEDGER
+from headwater.destinations.types import ColumnType
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from headwater.pipeline.config import DestinationConfig
+
+_SESSIONS: dict[str, Any] = {}
+_SESSIONS_LOCK = threading.Lock()
+_CHANGED = ("NO_SUCH_COLUMN_IN_TABLE", "UNKNOWN_TABLE", "THERE_IS_NO_COLUMN")
+SQUASH = "min_insert_block_size_rows = 1000000000, min_insert_block_size_bytes = 1000000000000"
+
+
+def classify(exc: BaseException) -> Exception:
+    text = str(exc)
+    if "TIMEOUT" in text or "TOO_MANY" in text:
+        return DestinationUnavailable(f"ClickHouse: {text}")
+    return DestinationError(f"ClickHouse: {text}")
+
+
+def embedded_session(path: Path) -> Any:
+    """The process's chdb session on ``path``."""
+    from chdb import session
+
+    key = str(path.resolve())
+    with _SESSIONS_LOCK:
+        if key not in _SESSIONS:
+            if _SESSIONS:
+                (other,) = _SESSIONS
+                raise DestinationError(
+                    f"chdb runs one embedded ClickHouse per process: it is open on {other}, "
+                    f"so {key} cannot be opened too"
+                )
+            path.mkdir(parents=True, exist_ok=True)
+            _SESSIONS[key] = session.Session(key)
+        return _SESSIONS[key]
+
+
+class ClickHouseDestination(Destination):
+    kind = "clickhouse"
+
+    def __init__(self, path: Path, database: str) -> None:
+        self.dialect = ClickHouseDialect()
+        self.path = path
+        self.database = database
+        self._lock = threading.RLock()  # write_batch re-patches while holding it
+        self._keys: dict[str, tuple[str, ...]] = {}
+        self._session = embedded_session(path)
+        db = self.dialect.quote(database)
+        self.query(f"CREATE DATABASE IF NOT EXISTS {db}")
+        self.query(
+            f"CREATE TABLE IF NOT EXISTS {db}.{LEDGER} (writer_id String, batch_id Int64, "
+            "committed_at DateTime64(6, 'UTC')) ENGINE = MergeTree ORDER BY (writer_id, batch_id)"
+        )
+
+    def query(self, sql: str, hw_rows: pa.Table | None = None) -> list[tuple[Any, ...]]:
+        """Run ``sql``; it may read the Arrow table ``hw_rows`` as ``Python(hw_rows)`` (chdb
+        finds it among this function's locals)."""
+        try:
+            result = self._session.query(sql, "ArrowTable")
+        except Exception as exc:
+            if any(s in str(exc) for s in _CHANGED):
+                raise _TableChanged(str(exc)) from exc
+            raise classify(exc) from exc
+        del hw_rows
+        return [tuple(r.values()) for r in result.to_pylist()] if result is not None else []
+
+    def _table_ref(self, name: str) -> str:
+        return f"{self.dialect.quote(self.database)}.{self.dialect.quote(name)}"
+
+    def table(self, name: str) -> TableSchema | None:
+        rows = self.query(
+            "SELECT name, type, is_in_sorting_key FROM system.columns "
+            f"WHERE database = '{_lit(self.database)}' AND table = '{_lit(name)}' "
+            "ORDER BY position"
+        )
+        if not rows:
+            return None
+        cols = {
+            str(n): Column(str(n), self.dialect.column_type(str(t)) or ColumnType.STRING, str(t))
+            for n, t, _ in rows
+        }
+        engine = self.query(
+            f"SELECT engine FROM system.tables WHERE database = '{_lit(self.database)}' "
+            f"AND name = '{_lit(name)}'"
+        )
+        replacing = bool(engine) and str(engine[0][0]).startswith("Replacing")
+        key = tuple(str(n) for n, _, k in rows if k) if replacing else ()
+        return TableSchema(name, cols, key)
+
+    def ensure_table(self, schema: TableSchema) -> TableSchema:
+        with self._lock:
+            have = self.table(schema.name)
+            if have is None:
+                cols = [
+                    (c.name, c.sql_type or self.dialect.sql_type(c.type))
+                    for c in schema.columns.values()
+                ]
+                create = self.dialect.create_table_sql(schema.name, cols, schema.primary_key)
+                ref = self._table_ref(schema.name)
+                self.query(create.replace(self.dialect.quote(schema.name), ref, 1))
+            else:
+                for c in schema.missing_from(have):
+                    sql = c.sql_type or self.dialect.sql_type(c.type)
+                    alter = self.dialect.add_column_sql(schema.name, c.name, sql)
+                    ref = self._table_ref(schema.name)
+                    self.query(alter.replace(self.dialect.quote(schema.name), ref, 1))
+            after = self.table(schema.name)
+        assert after is not None
+        self._keys[schema.name] = after.primary_key or schema.primary_key
+        return after
+
+    def committed(self, writer_id: str) -> int | None:
+        rows = self.query(
+            f"SELECT max(batch_id), count() FROM {self.dialect.quote(self.database)}.{LEDGER} "
+            f"WHERE writer_id = '{_lit(writer_id)}'"
+        )
+        return int(rows[0][0]) if rows and rows[0][1] else None
+
+    def _recorded(self, writer_id: str, batch_id: int) -> bool:
+        rows = self.query(
+            f"SELECT count() FROM {self.dialect.quote(self.database)}.{LEDGER} "
+            f"WHERE writer_id = '{_lit(writer_id)}' AND batch_id = {int(batch_id)}"
+        )
+        return bool(rows[0][0])
+
+    def write_batch(self, writer_id: str, batch_id: int, tables: Mapping[str, pa.Table]) -> bool:
+        with self._lock:
+            if self._recorded(writer_id, batch_id):
+                return False
+            for name, rows in tables.items():
+                rows = dedupe_last(utc_timestamps(rows), self._keys.get(name, ()))
+                if rows.num_rows:
+                    self._insert(writer_id, batch_id, name, rows)
+            self.query(
+                f"INSERT INTO {self.dialect.quote(self.database)}.{LEDGER} "
+                f"VALUES ('{_lit(writer_id)}', {int(batch_id)}, now64(6))"
+            )
+        return True
+
+    def _insert(self, writer_id: str, batch_id: int, name: str, rows: pa.Table) -> None:
+        cols = ", ".join(self.dialect.quote(c) for c in rows.column_names)
+        token = _lit(f"{writer_id}:{batch_id}:{name}")
+        sql = (
+            f"INSERT INTO {self._table_ref(name)} ({cols}) SETTINGS "
+            f"insert_deduplication_token = '{token}', insert_deduplicate = 1, {SQUASH} "
+            f"SELECT {cols} FROM Python(hw_rows)"
+        )
+        for attempt in (1, 2):
+            try:
+                self.query(sql, hw_rows=rows)
+                return
+            except _TableChanged:
+                if attempt == 2:
+                    raise
+                self.ensure_table(schema_of(name, rows, self._keys.get(name, ())))
+
+    def close(self) -> None:
+        """The embedded server stays up for the process (chdb allows one)."""
+
+
+class _TableChanged(DestinationError):
+    code = "HW-DST-003"
+
+
+def _lit(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def open_destination(config: DestinationConfig, data_dir: Path) -> ClickHouseDestination:
+    if config.dsn:
+        raise DestinationError(
+            f"destination {config.id!r}: ClickHouse servers (dsn) are not supported yet; "
+            "use the embedded ClickHouse (chdb) with path"
+        )
+    path = Path(config.path) if config.path else data_dir / "clickhouse"
+    return ClickHouseDestination(path, str(config.options.get("database", "headwater")))

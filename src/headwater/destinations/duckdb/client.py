@@ -1,0 +1,144 @@
+"""DuckDB: a database file (``path``, default ``<data_dir>/warehouse.duckdb``).
+
+Rows go in straight from Arrow (``INSERT ... BY NAME`` from the registered batch), upserts with
+``INSERT OR REPLACE``. The file is opened for a batch and closed after it, so that other
+processes (a user's ``duckdb`` shell, a BI tool) can read it between batches; while another
+process holds the file, opening is retried for ``options.lock_timeout_s`` (default 30 s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+
+from headwater.destinations.base import DestinationError, DestinationUnavailable
+from headwater.destinations.duckdb.dialect import DuckDBDialect
+from headwater.destinations.sql import LEDGER, Session, SqlDestination, TableChanged
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from headwater.pipeline.config import DestinationConfig
+
+LEDGER_SQL = [
+    f"CREATE TABLE IF NOT EXISTS {LEDGER} (writer_id VARCHAR, batch_id BIGINT, "
+    "committed_at TIMESTAMP WITH TIME ZONE, PRIMARY KEY (writer_id, batch_id))"
+]
+_CHANGED = ("does not have a column", "not found in", "does not exist")
+
+
+def classify(exc: BaseException) -> Exception:
+    """A DuckDB error as headwater's: a held file lock is transient, the rest terminal."""
+    text = str(exc)
+    if isinstance(exc, duckdb.IOException) and "lock" in text.lower():
+        return DestinationUnavailable(f"the DuckDB file is locked by another process: {text}")
+    return DestinationError(f"DuckDB: {text}")
+
+
+class DuckDBSession(Session):
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        cur = self.con.execute(sql, list(params))
+        try:
+            return cur.fetchall()
+        except duckdb.InvalidInputError:  # a statement without a result
+            return []
+
+    def begin(self) -> None:
+        self.con.begin()
+
+    def commit(self) -> None:
+        self.con.commit()
+
+    def rollback(self) -> None:
+        with contextlib.suppress(duckdb.TransactionException):  # none active
+            self.con.rollback()
+
+    def columns(self, table: str) -> list[tuple[str, str]]:
+        rows = self.execute(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = ? ORDER BY ordinal_position",
+            (table,),
+        )
+        return [(str(n), str(t)) for n, t in rows]
+
+    def primary_key(self, table: str) -> tuple[str, ...]:
+        rows = self.execute(
+            "SELECT constraint_column_names FROM duckdb_constraints() "
+            "WHERE table_name = ? AND constraint_type = 'PRIMARY KEY'",
+            (table,),
+        )
+        return tuple(rows[0][0]) if rows else ()
+
+    def lock(self, table: str) -> None:
+        """DuckDB has one writing process; the destination's own lock orders its threads."""
+
+    def load(self, table: str, rows: pa.Table, primary_key: tuple[str, ...]) -> None:
+        verb = "INSERT OR REPLACE INTO" if primary_key else "INSERT INTO"
+        self.con.register("__hw_rows", rows)
+        try:
+            self.con.execute(f'{verb} "{table}" BY NAME SELECT * FROM __hw_rows')
+        except (duckdb.BinderException, duckdb.CatalogException) as exc:
+            if any(s in str(exc) for s in _CHANGED):
+                raise TableChanged(str(exc)) from exc
+            raise
+        finally:
+            with contextlib.suppress(duckdb.Error):  # fails in an aborted transaction
+                self.con.unregister("__hw_rows")
+
+    def record_batch(self, writer_id: str, batch_id: int) -> bool:
+        rows = self.execute(
+            f"INSERT INTO {LEDGER} VALUES (?, ?, now()) ON CONFLICT DO NOTHING RETURNING batch_id",
+            (writer_id, batch_id),
+        )
+        return len(rows) == 1
+
+    def close(self) -> None:
+        self.con.close()
+
+
+class DuckDBDestination(SqlDestination):
+    kind = "duckdb"
+
+    def __init__(self, path: Path, lock_timeout_s: float = 30.0) -> None:
+        super().__init__(DuckDBDialect(), LEDGER_SQL)
+        self.path = path
+        self.lock_timeout_s = lock_timeout_s
+        self._open: DuckDBSession | None = None
+
+    def _session(self) -> Session:
+        if self._open is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            deadline = time.monotonic() + self.lock_timeout_s
+            while True:
+                try:
+                    self._open = DuckDBSession(duckdb.connect(str(self.path)))
+                    break
+                except duckdb.IOException as exc:
+                    err = classify(exc)
+                    if not isinstance(err, DestinationUnavailable) or time.monotonic() > deadline:
+                        raise err from exc
+                    time.sleep(0.05)  # another process holds the file: try again shortly
+        return self._open
+
+    def write_batch(self, writer_id: str, batch_id: int, tables: Any) -> bool:
+        try:
+            return super().write_batch(writer_id, batch_id, tables)
+        finally:
+            self.close()
+
+    def _close(self) -> None:
+        if self._open is not None:
+            self._open.close()
+            self._open = None
+
+
+def open_destination(config: DestinationConfig, data_dir: Path) -> DuckDBDestination:
+    path = config.path or data_dir / "warehouse.duckdb"
+    return DuckDBDestination(Path(path), float(config.options.get("lock_timeout_s", 30.0)))

@@ -1,0 +1,128 @@
+"""Files (``path``, default ``<data_dir>/files/<id>``): Parquet per table, or the seed's
+archive, JSON lines gzip'd per day (``format: jsonl.gz``).
+
+Layout: ``<table>/<writer>-<batch>.parquet``, or ``<table>/<YYYY-MM-DD>/<writer>-<batch>.jsonl.gz``
+by the UTC day of each row's ``_timestamp`` (else the day it is written). Every file is written
+under a temporary name and renamed into place, and the ledger (``_headwater_batches/<writer>``,
+the last batch written) is replaced after the batch's files: a replay after a crash writes the
+same names again, so nothing appears twice. Files only append: a primary key is refused.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import pyarrow.parquet as pq
+
+from headwater.destinations.base import Column, Destination, DestinationError, TableSchema
+from headwater.destinations.batches import utc_timestamps
+from headwater.destinations.dialect import Dialect
+from headwater.destinations.duckdb.dialect import DuckDBDialect
+from headwater.destinations.types import ColumnType
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from headwater.pipeline.config import DestinationConfig
+
+LEDGER = "_headwater_batches"
+SCHEMA_FILE = "_schema.json"
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically and durably."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+class FilesDestination(Destination):
+    kind = "files"
+
+    def __init__(self, root: Path, fmt: str, dialect: Dialect | None = None) -> None:
+        self.root = root
+        self.format = fmt
+        self.dialect = dialect or DuckDBDialect()  # names as a later DuckDB/Spark read wants
+        root.mkdir(parents=True, exist_ok=True)
+
+    def table(self, name: str) -> TableSchema | None:
+        path = self.root / name / SCHEMA_FILE
+        if not path.exists():
+            return None
+        cols = json.loads(path.read_text())
+        return TableSchema(name, {n: Column(n, ColumnType(t)) for n, t in cols.items()})
+
+    def ensure_table(self, schema: TableSchema) -> TableSchema:
+        if schema.primary_key:
+            raise DestinationError(
+                f"files destinations only append: table {schema.name!r} cannot have a "
+                f"primary key ({', '.join(schema.primary_key)})"
+            )
+        have = self.table(schema.name)
+        cols = {n: c.type.value for n, c in (have.columns if have else {}).items()}
+        for c in schema.missing_from(have):
+            cols[c.name] = c.type.value
+        _replace(self.root / schema.name / SCHEMA_FILE, json.dumps(cols).encode())
+        after = self.table(schema.name)
+        assert after is not None
+        return after
+
+    def committed(self, writer_id: str) -> int | None:
+        path = self.root / LEDGER / writer_id
+        return int(path.read_text()) if path.exists() else None
+
+    def write_batch(self, writer_id: str, batch_id: int, tables: Mapping[str, pa.Table]) -> bool:
+        done = self.committed(writer_id)
+        if done is not None and batch_id <= done:
+            return False
+        stem = f"{writer_id}-{batch_id:012d}"
+        for name, rows in tables.items():
+            rows = utc_timestamps(rows)
+            if self.format == "parquet":
+                self._parquet(self.root / name / f"{stem}.parquet", rows)
+            else:
+                self._jsonl(self.root / name, stem, rows)
+        _replace(self.root / LEDGER / writer_id, str(batch_id).encode())
+        return True
+
+    @staticmethod
+    def _parquet(path: Path, rows: pa.Table) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(rows, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        tmp.replace(path)
+
+    @staticmethod
+    def _jsonl(folder: Path, stem: str, rows: pa.Table) -> None:
+        today = datetime.now(UTC).date().isoformat()
+        days: dict[str, list[bytes]] = {}
+        for row in rows.to_pylist():
+            at: Any = row.get("_timestamp")
+            day = at.astimezone(UTC).date().isoformat() if isinstance(at, datetime) else today
+            days.setdefault(day, []).append(orjson.dumps(row, option=orjson.OPT_NAIVE_UTC))
+        for day, lines in days.items():
+            data = gzip.compress(b"\n".join(lines) + b"\n", mtime=0)
+            _replace(folder / day / f"{stem}.jsonl.gz", data)
+
+    def close(self) -> None:
+        """Nothing stays open."""
+
+
+def open_destination(config: DestinationConfig, data_dir: Path) -> FilesDestination:
+    if config.primary_key:
+        raise DestinationError(f"destination {config.id!r}: files only append; remove primary_key")
+    root = Path(config.path) if config.path else data_dir / "files" / config.id
+    return FilesDestination(root, config.format)

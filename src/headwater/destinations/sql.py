@@ -1,0 +1,188 @@
+"""The part of a SQL destination that does not depend on the warehouse: reading a table's
+structure, patching it under a lock, and the atomic write of a batch with its ledger row.
+
+A warehouse supplies a ``Session`` (one connection, one transaction at a time) with its
+catalog queries, its lock and its bulk load; ``SqlDestination`` does the rest:
+
+- ``write_batch``: in one transaction, insert ``(writer_id, batch_id)`` into the ledger
+  ``_headwater_batches`` (a batch already there: roll back, return False), then load every
+  table (appending, or upserting on the primary key after a last-row-wins dedupe), commit;
+- a load that fails because the table changed underneath (a column gone or added by someone
+  else) rolls back, refreshes the structure, patches the table and retries once.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from headwater.destinations.base import Column, Destination, TableSchema
+from headwater.destinations.batches import dedupe_last, schema_of, utc_timestamps
+from headwater.destinations.types import ColumnType
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from headwater.destinations.dialect import Dialect
+
+LEDGER = "_headwater_batches"
+
+
+class TableChanged(Exception):
+    """A load failed because the table's columns are not what the batch was planned against."""
+
+
+class Session(ABC):
+    """One connection of a warehouse, used by one thread at a time."""
+
+    placeholder: ClassVar[str] = "?"  # how the driver marks a query parameter
+
+    @abstractmethod
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]: ...
+
+    @abstractmethod
+    def begin(self) -> None: ...
+
+    @abstractmethod
+    def commit(self) -> None: ...
+
+    @abstractmethod
+    def rollback(self) -> None: ...
+
+    @abstractmethod
+    def columns(self, table: str) -> list[tuple[str, str]]:
+        """(name, SQL type) of every column, in order; empty when the table does not exist."""
+
+    @abstractmethod
+    def primary_key(self, table: str) -> tuple[str, ...]: ...
+
+    @abstractmethod
+    def lock(self, table: str) -> None:
+        """Hold a lock on patching ``table`` until the transaction ends."""
+
+    @abstractmethod
+    def load(self, table: str, rows: pa.Table, primary_key: tuple[str, ...]) -> None:
+        """Insert ``rows`` (upsert on ``primary_key`` when given); raise TableChanged when a
+        column is missing or the table is gone."""
+
+    @abstractmethod
+    def record_batch(self, writer_id: str, batch_id: int) -> bool:
+        """Insert the ledger row; False when it is already there."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class SqlDestination(Destination):
+    def __init__(self, dialect: Dialect, ledger_sql: list[str]) -> None:
+        self.dialect = dialect
+        self._ledger_sql = ledger_sql
+        self._lock = threading.Lock()
+        self._keys: dict[str, tuple[str, ...]] = {}
+        self._ready = False
+
+    @abstractmethod
+    def _session(self) -> Session:
+        """The open session (connect on first use)."""
+
+    @contextmanager
+    def _using(self) -> Iterator[Session]:
+        with self._lock:
+            session = self._session()
+            if not self._ready:
+                session.begin()
+                for sql in self._ledger_sql:
+                    session.execute(sql)
+                session.commit()
+                self._ready = True
+            yield session
+
+    def table(self, name: str) -> TableSchema | None:
+        with self._using() as s:
+            return self._read(s, name)
+
+    def _read(self, s: Session, name: str) -> TableSchema | None:
+        cols = s.columns(name)
+        if not cols:
+            return None
+        out = {}
+        for col, sql in cols:
+            kind = self.dialect.column_type(sql)
+            out[col] = Column(col, kind or ColumnType.STRING, sql)
+        return TableSchema(name, out, s.primary_key(name))
+
+    def ensure_table(self, schema: TableSchema) -> TableSchema:
+        with self._using() as s:
+            return self._patch(s, schema)
+
+    def _patch(self, s: Session, schema: TableSchema) -> TableSchema:
+        s.begin()
+        try:
+            s.lock(schema.name)
+            have = self._read(s, schema.name)
+            if have is None:
+                cols = [
+                    (c.name, c.sql_type or self.dialect.sql_type(c.type))
+                    for c in schema.columns.values()
+                ]
+                s.execute(self.dialect.create_table_sql(schema.name, cols, schema.primary_key))
+            else:
+                for c in schema.missing_from(have):
+                    sql = c.sql_type or self.dialect.sql_type(c.type)
+                    s.execute(self.dialect.add_column_sql(schema.name, c.name, sql))
+            after = self._read(s, schema.name)
+            s.commit()
+        except BaseException:
+            s.rollback()
+            raise
+        assert after is not None
+        self._keys[schema.name] = after.primary_key or schema.primary_key
+        return after
+
+    def write_batch(self, writer_id: str, batch_id: int, tables: Mapping[str, pa.Table]) -> bool:
+        prepared = {
+            name: dedupe_last(utc_timestamps(t), self._keys.get(name, ()))
+            for name, t in tables.items()
+        }
+        with self._using() as s:
+            for attempt in (1, 2):
+                s.begin()
+                try:
+                    if not s.record_batch(writer_id, batch_id):
+                        s.rollback()
+                        return False
+                    for name, rows in prepared.items():
+                        if rows.num_rows:
+                            s.load(name, rows, self._keys.get(name, ()))
+                    s.commit()
+                    return True
+                except TableChanged:
+                    s.rollback()
+                    if attempt == 2:
+                        raise
+                    for name, rows in prepared.items():
+                        self._patch(s, schema_of(name, rows, self._keys.get(name, ())))
+                except BaseException:
+                    s.rollback()
+                    raise
+        return False  # unreachable
+
+    def committed(self, writer_id: str) -> int | None:
+        with self._using() as s:
+            rows = s.execute(
+                f"SELECT max(batch_id) FROM {self.dialect.quote(LEDGER)} "
+                f"WHERE writer_id = {s.placeholder}",
+                (writer_id,),
+            )
+        value = rows[0][0] if rows else None
+        return None if value is None else int(value)
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    @abstractmethod
+    def _close(self) -> None: ...

@@ -1,0 +1,90 @@
+"""Test helpers for destinations: a scratch destination of each kind (a fresh DuckDB file, a
+fresh PostgreSQL database, a fresh chdb database, a fresh folder), and reading back what it
+holds through a separate connection, as a user would."""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from headwater.destinations.base import Destination
+
+
+def scratch_destination(
+    request: pytest.FixtureRequest, kind: str, tmp_path: Path, **extra: Any
+) -> dict[str, Any]:
+    """A destination config of ``kind`` (id ``wh``) no other test uses."""
+    dest: dict[str, Any] = {"id": "wh", "type": kind, **extra}
+    if kind == "duckdb":
+        dest["path"] = str(tmp_path / "warehouse.duckdb")
+    elif kind == "postgres":
+        import psycopg
+
+        service = request.getfixturevalue("postgres_service")
+        name = f"hw_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(service.dsn, autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{name}"'.encode())
+        dest["dsn"] = service.dsn.rsplit("/", 1)[0] + "/" + name
+    elif kind == "clickhouse":
+        dest["path"] = str(request.getfixturevalue("chdb_path"))
+        dest["options"] = {"database": f"hw_{uuid.uuid4().hex[:12]}"}
+    elif kind == "files":
+        dest["path"] = str(tmp_path / "files")
+    else:
+        raise ValueError(f"no scratch destination of kind {kind!r}")
+    return dest
+
+
+def query(destination: Destination, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` run on what ``destination`` wrote, through a connection of its own
+    (for chdb, which allows one embedded server per process, through the destination's)."""
+    kind = destination.kind
+    if kind == "duckdb":
+        import duckdb
+
+        path = destination.path  # type: ignore[attr-defined]
+        with closing(duckdb.connect(str(path), read_only=True)) as c:
+            return c.execute(sql).fetchall()
+    if kind == "postgres":
+        import psycopg
+
+        with psycopg.connect(destination.dsn) as c:  # type: ignore[attr-defined]
+            return c.execute(sql.encode()).fetchall()
+    if kind == "clickhouse":
+        return destination.query(sql)  # type: ignore[attr-defined,no-any-return]
+    raise ValueError(f"cannot query a {kind} destination with SQL")
+
+
+def execute_elsewhere(destination: Destination, sql: str) -> None:
+    """Run DDL as another writer would, outside the destination's connection."""
+    kind = destination.kind
+    if kind == "duckdb":
+        import duckdb
+
+        destination.close()  # DuckDB: one process writes; ours lets go between batches
+        with closing(duckdb.connect(str(destination.path))) as c:  # type: ignore[attr-defined]
+            c.execute(sql)
+    elif kind == "postgres":
+        import psycopg
+
+        with psycopg.connect(destination.dsn, autocommit=True) as c:  # type: ignore[attr-defined]
+            c.execute(sql.encode())
+    elif kind == "clickhouse":
+        destination.query(sql)  # type: ignore[attr-defined]
+    else:
+        raise ValueError(f"cannot run SQL on a {kind} destination")
+
+
+def read_rows(writer: Any, sql: str) -> list[tuple[Any, ...]]:
+    """``query`` on a DestinationWriter's destination."""
+    return query(writer.destination, sql)
+
+
+def add_column_elsewhere(writer: Any, table: str, column: str, sql_type: str) -> None:
+    d = writer.destination
+    q = d.dialect.quote
+    execute_elsewhere(d, f"ALTER TABLE {q(table)} ADD COLUMN {q(column)} {sql_type}")
