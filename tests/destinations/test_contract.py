@@ -54,8 +54,6 @@ def rows(**cols: list[Any]) -> pa.Table:
 def sel(d: Destination, sql: str, final: bool = False) -> list[tuple[Any, ...]]:
     final_ = " FINAL" if d.kind == "clickhouse" and final else ""
     sql = sql.replace("FROM events", "FROM events" + final_)
-    if d.kind == "clickhouse":
-        sql = sql.replace("FROM events", f"FROM {d.database}.events")  # type: ignore[attr-defined]
     return [tuple(_py(v) for v in r) for r in query(d, sql)]
 
 
@@ -129,7 +127,7 @@ def test_upsert_on_primary_key_last_row_wins(dest: Destination) -> None:
 def test_column_added_underneath_is_found_and_kept(dest: Destination) -> None:
     dest.ensure_table(schema(id=T.INT64))
     q = dest.dialect.quote
-    ref = q("events") if dest.kind != "clickhouse" else f"{dest.database}.events"  # type: ignore[attr-defined]
+    ref = q("events")
     ext = "Nullable(String)" if dest.kind == "clickhouse" else "TEXT"
     execute_elsewhere(dest, f"ALTER TABLE {ref} ADD COLUMN {q('note')} {ext}")
     after = dest.ensure_table(schema(id=T.INT64, note=T.STRING, n=T.INT64))
@@ -140,7 +138,7 @@ def test_column_added_underneath_is_found_and_kept(dest: Destination) -> None:
 
 def test_column_dropped_underneath_is_restored_and_the_write_retried(dest: Destination) -> None:
     dest.ensure_table(schema(id=T.INT64, gone=T.STRING))
-    ref = "events" if dest.kind != "clickhouse" else f"{dest.database}.events"  # type: ignore[attr-defined]
+    ref = "events"
     execute_elsewhere(dest, f"ALTER TABLE {ref} DROP COLUMN gone")
     assert dest.write_batch("w", 0, {"events": rows(id=[1], gone=["back"])}) is True
     assert sel(dest, "SELECT id, gone FROM events") == [(1, "back")]

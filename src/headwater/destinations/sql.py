@@ -77,6 +77,9 @@ class Session(ABC):
 
 
 class SqlDestination(Destination):
+    # close the connection after every call (DuckDB: let other processes open the file)
+    release_after_use: ClassVar[bool] = False
+
     def __init__(self, dialect: Dialect, ledger_sql: list[str]) -> None:
         self.dialect = dialect
         self._ledger_sql = ledger_sql
@@ -98,7 +101,11 @@ class SqlDestination(Destination):
                     session.execute(sql)
                 session.commit()
                 self._ready = True
-            yield session
+            try:
+                yield session
+            finally:
+                if self.release_after_use:
+                    self._close()
 
     def table(self, name: str) -> TableSchema | None:
         with self._using() as s:

@@ -4,6 +4,7 @@ holds through a separate connection, as a user would."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from contextlib import closing
 from pathlib import Path
@@ -55,8 +56,19 @@ def query(destination: Destination, sql: str) -> list[tuple[Any, ...]]:
         with psycopg.connect(destination.dsn) as c:  # type: ignore[attr-defined]
             return c.execute(sql.encode()).fetchall()
     if kind == "clickhouse":
-        return destination.query(sql)  # type: ignore[attr-defined,no-any-return]
+        return destination.query(qualified(sql, destination))  # type: ignore[attr-defined,no-any-return]
     raise ValueError(f"cannot query a {kind} destination with SQL")
+
+
+def qualified(sql: str, destination: Any) -> str:
+    """ClickHouse: table names after FROM / TABLE in the destination's database."""
+    db = destination.database
+    return re.sub(
+        r"\b(FROM|TABLE)\s+([`\"]?)(\w+)\2(?!\.)",
+        lambda m: f"{m.group(1)} `{db}`.`{m.group(3)}`",
+        sql,
+        flags=re.IGNORECASE,
+    )
 
 
 def execute_elsewhere(destination: Destination, sql: str) -> None:
@@ -74,7 +86,7 @@ def execute_elsewhere(destination: Destination, sql: str) -> None:
         with psycopg.connect(destination.dsn, autocommit=True) as c:  # type: ignore[attr-defined]
             c.execute(sql.encode())
     elif kind == "clickhouse":
-        destination.query(sql)  # type: ignore[attr-defined]
+        destination.query(qualified(sql, destination))  # type: ignore[attr-defined]
     else:
         raise ValueError(f"cannot run SQL on a {kind} destination")
 

@@ -1,8 +1,8 @@
 """DuckDB: a database file (``path``, default ``<data_dir>/warehouse.duckdb``).
 
 Rows go in straight from Arrow (``INSERT ... BY NAME`` from the registered batch), upserts with
-``INSERT OR REPLACE``. The file is opened for a batch and closed after it, so that other
-processes (a user's ``duckdb`` shell, a BI tool) can read it between batches; while another
+``INSERT OR REPLACE``. The file is opened for each call and closed after it, so that other
+processes (a user's ``duckdb`` shell, a BI tool) can read it between writes; while another
 process holds the file, opening is retried for ``options.lock_timeout_s`` (default 30 s).
 """
 
@@ -105,6 +105,7 @@ class DuckDBSession(Session):
 
 class DuckDBDestination(SqlDestination):
     kind = "duckdb"
+    release_after_use = True
 
     def __init__(self, path: Path, lock_timeout_s: float = 30.0) -> None:
         super().__init__(DuckDBDialect(), LEDGER_SQL)
@@ -126,12 +127,6 @@ class DuckDBDestination(SqlDestination):
                         raise err from exc
                     time.sleep(0.05)  # another process holds the file: try again shortly
         return self._open
-
-    def write_batch(self, writer_id: str, batch_id: int, tables: Any) -> bool:
-        try:
-            return super().write_batch(writer_id, batch_id, tables)
-        finally:
-            self.close()
 
     def _close(self) -> None:
         if self._open is not None:
