@@ -11,7 +11,7 @@ offset, timestamp, timestampType, headers``) and gains:
 
 from __future__ import annotations
 
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 EVENT = "event"
@@ -28,6 +28,15 @@ SOURCE_COLUMNS = (
     "headers",
 )
 ERROR_TYPE = "struct<step:string,code:string,reason:string>"
+
+
+def with_event(df: DataFrame, event: Column) -> DataFrame:
+    """``df`` with a new ``event`` (rows without one keep none), as a projection of its own.
+
+    Steps set one field per call: an update refers to the event several times (a null check,
+    the set), and chained in one expression those references would double the expression's
+    size with every field; by name, each step's expression stays small."""
+    return df.withColumn(EVENT, F.when(F.col(EVENT).isNotNull(), event))
 
 
 def header(name: str) -> Column:

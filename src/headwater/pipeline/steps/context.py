@@ -20,7 +20,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from headwater.bus import context
-from headwater.pipeline.columns import EVENT, header, json_path
+from headwater.pipeline.columns import EVENT, header, json_path, with_event
 
 FIELDS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("source_ip",), context.CLIENT_IP),
@@ -38,11 +38,12 @@ def set_if(event: Column, path: tuple[str, ...], value: Column) -> Column:
 
 def enrich_context(df: DataFrame) -> DataFrame:
     """Add the context fields to ``event`` (rows without an event pass through)."""
-    event = F.col(EVENT)
     for path, name in FIELDS:
-        event = set_if(event, path, header(name))
+        df = with_event(df, set_if(F.col(EVENT), path, header(name)))
     received = F.coalesce(F.try_to_timestamp(header(context.RECEIVED_AT)), F.col("timestamp"))
-    event = set_if(event, ("_timestamp",), received)
+    df = with_event(df, set_if(F.col(EVENT), ("_timestamp",), received))
+    event = F.col(EVENT)
     has_type = F.variant_get(event, json_path(("event_type",)), "variant").isNotNull()
-    event = F.when(has_type, event).otherwise(set_if(event, ("event_type",), header(context.TYPE)))
-    return df.withColumn(EVENT, F.when(F.col(EVENT).isNotNull(), event))
+    return with_event(
+        df, F.when(has_type, event).otherwise(set_if(event, ("event_type",), header(context.TYPE)))
+    )

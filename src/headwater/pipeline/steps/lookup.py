@@ -1,73 +1,128 @@
 """Lookups for step 3: IP address -> location from a MaxMind-format database, user agent ->
-browser, OS and device (the maintained ``ua-parser`` library, pure-Python resolver here).
+browser, OS and device (the maintained ``ua-parser`` library).
 
-Both are vectorised (pandas) UDFs; each Python worker opens the database once (memory-mapped)
-and keeps an LRU cache of parsed user agents, which repeat a lot. Unknown, private or malformed
-input gives null, never an error.
+Both are Arrow UDFs that look up each *distinct* value of a batch once (events of one visitor
+share an IP, and a few user agents cover most traffic) and spread the results back with one
+vectorised ``take``. Each Python worker opens a database once, memory-mapped (the C reader of
+``maxminddb`` when it is built, else its pure-Python one), and keeps an LRU cache of parsed user
+agents. Unknown, private or malformed input gives null, never an error.
 """
 
 from __future__ import annotations
 
 import functools
 import ipaddress
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column
 from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, DataType, DoubleType, StringType, StructField, StructType
 
-GEO_FIELDS = ("country", "country_name", "region", "city", "latitude", "longitude", "timezone")
-GEO_SCHEMA = (
-    "struct<country:string,country_name:string,region:string,city:string,"
-    "latitude:double,longitude:double,timezone:string>"
+Row = tuple[Any, ...]
+
+_GEO_FIELDS: tuple[tuple[str, DataType, pa.DataType], ...] = (
+    ("country", StringType(), pa.string()),
+    ("country_name", StringType(), pa.string()),
+    ("region", StringType(), pa.string()),
+    ("city", StringType(), pa.string()),
+    ("latitude", DoubleType(), pa.float64()),
+    ("longitude", DoubleType(), pa.float64()),
+    ("timezone", StringType(), pa.string()),
 )
-UA_FIELDS = (
-    "browser_family",
-    "browser_version",
-    "os_family",
-    "os_version",
-    "device_family",
-    "device_brand",
-    "device_model",
-    "bot",
+_UA_FIELDS: tuple[tuple[str, DataType, pa.DataType], ...] = (
+    ("browser_family", StringType(), pa.string()),
+    ("browser_version", StringType(), pa.string()),
+    ("os_family", StringType(), pa.string()),
+    ("os_version", StringType(), pa.string()),
+    ("device_family", StringType(), pa.string()),
+    ("device_brand", StringType(), pa.string()),
+    ("device_model", StringType(), pa.string()),
+    ("bot", BooleanType(), pa.bool_()),
 )
-UA_SCHEMA = (
-    "struct<browser_family:string,browser_version:string,os_family:string,os_version:string,"
-    "device_family:string,device_brand:string,device_model:string,bot:boolean>"
-)
-_BOT_DEVICES = {"Spider"}
+GEO_SCHEMA = StructType([StructField(n, t) for n, t, _ in _GEO_FIELDS])
+UA_SCHEMA = StructType([StructField(n, t) for n, t, _ in _UA_FIELDS])
+GEO_FIELDS = tuple(n for n, _, _ in _GEO_FIELDS)
+UA_FIELDS = tuple(n for n, _, _ in _UA_FIELDS)
+_BOT_DEVICES = frozenset({"Spider"})
+
+
+def map_distinct(
+    values: pa.Array,
+    lookup: Callable[[Any], Row | None],
+    fields: Sequence[tuple[str, DataType, pa.DataType]],
+) -> pa.StructArray:
+    """``lookup`` over the distinct values of ``values``, as a struct array of ``fields`` aligned
+    with ``values`` (null where the value is null or ``lookup`` gives None)."""
+    encoded = pc.dictionary_encode(values)
+    rows = [lookup(v) for v in encoded.dictionary.to_pylist()]
+    arrays = [
+        pa.array([r[i] if r is not None else None for r in rows], type=arrow_type)
+        for i, (_, _, arrow_type) in enumerate(fields)
+    ]
+    names = [name for name, _, _ in fields]
+    mask = pa.array([r is None for r in rows], type=pa.bool_())
+    distinct = pa.StructArray.from_arrays(arrays, names=names, mask=mask)
+    return distinct.take(encoded.indices)
 
 
 @functools.lru_cache(maxsize=8)
 def _reader(path: str) -> Any:
+    """The worker's reader of the database at ``path`` (opened once, memory-mapped)."""
     import maxminddb
 
-    return maxminddb.open_database(path, maxminddb.MODE_MMAP)
+    try:
+        return maxminddb.open_database(path, maxminddb.MODE_MMAP_EXT)
+    except ValueError:  # the C extension is not built: the pure-Python reader, still mmap'd
+        return maxminddb.open_database(path, maxminddb.MODE_MMAP)
 
 
 def _name(node: Any) -> str | None:
-    return (node or {}).get("names", {}).get("en") if isinstance(node, dict) else None
+    return node.get("names", {}).get("en") if isinstance(node, dict) else None
 
 
-def geo_of(reader: Any, ip: Any) -> tuple[Any, ...] | None:
-    """The location of ``ip`` (a string), or None."""
+# IPv4 /24 blocks that are partly global and partly not; every other /24 is wholly one or the
+# other, so the answer for any address of it holds for all of them.
+_MIXED_V4_BLOCKS = frozenset({"192.0.0", "255.255.255"})
+
+
+def _is_global(ip: str) -> bool:
+    """Whether ``ip`` (a valid address) is publicly routable; memoised per IPv4 /24."""
+    if ":" not in ip:
+        block = ip.rpartition(".")[0]
+        if block not in _MIXED_V4_BLOCKS:
+            return _is_global_v4_block(block)
+    return _is_global_address(ip)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _is_global_v4_block(block: str) -> bool:
+    return _is_global_address(f"{block}.1")
+
+
+def _is_global_address(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip).is_global
+    except ValueError:
+        return False
+
+
+def geo_of(reader: Any, ip: Any) -> Row | None:
+    """The location of ``ip`` (a string) as a ``GEO_SCHEMA`` row, or None."""
     if not isinstance(ip, str):
         return None
+    ip = ip.strip()
     try:
-        addr = ipaddress.ip_address(ip.strip())
-    except ValueError:
+        found = reader.get(ip)
+    except ValueError:  # not an address, or IPv6 in an IPv4-only database
         return None
-    if not addr.is_global:
-        return None
-    try:
-        found = reader.get(str(addr))
-    except ValueError:  # an IPv6 address in an IPv4-only database
-        return None
-    if not isinstance(found, dict):
+    if not isinstance(found, dict) or not _is_global(ip):
         return None
     country = found.get("country") or {}
-    subdivisions = found.get("subdivisions") or [{}]
+    subdivisions = found.get("subdivisions") or [None]
     location = found.get("location") or {}
     return (
         country.get("iso_code"),
@@ -84,32 +139,35 @@ def geo_lookup(col: Column, database: Path) -> Column:
     """``col`` (an IP address string) -> ``GEO_SCHEMA`` struct, null when not found."""
     path = str(database)
 
-    @F.pandas_udf(GEO_SCHEMA)  # type: ignore[call-overload]
-    def lookup(ips: pd.Series) -> pd.DataFrame:
+    @F.arrow_udf(GEO_SCHEMA)  # type: ignore[call-overload]
+    def lookup(ips: pa.Array) -> pa.Array:
         reader = _reader(path)
-        empty = (None,) * len(GEO_FIELDS)
-        return pd.DataFrame([geo_of(reader, ip) or empty for ip in ips], columns=list(GEO_FIELDS))
+        return map_distinct(ips, lambda ip: geo_of(reader, ip), _GEO_FIELDS)
 
-    result = lookup(col)
-    return F.when(col.isNotNull() & result["country"].isNotNull(), result)
+    return lookup(col)
+
+
+def _version(v: Any) -> str | None:
+    parts = [p for p in (v.major, v.minor, v.patch) if p] if v else []
+    return ".".join(parts) or None
 
 
 @functools.lru_cache(maxsize=20_000)
-def parse_agent(agent: str) -> tuple[Any, ...]:
+def parse_agent(agent: str) -> Row | None:
+    """A ``UA_SCHEMA`` row for ``agent`` (None for an empty string), by ``ua_parser.parse``:
+    the best resolver installed (re2 or the Rust ``regex`` backend if present, else the
+    pure-Python one over the built-in uap-core rules)."""
+    if not agent:
+        return None
     from ua_parser import parse
 
     r = parse(agent)
     ua, os, dev = r.user_agent, r.os, r.device
-
-    def version(v: Any) -> str | None:
-        parts = [p for p in (v.major, v.minor, v.patch) if p] if v else []
-        return ".".join(parts) or None
-
     return (
         ua.family if ua else "Other",
-        version(ua),
+        _version(ua),
         os.family if os else "Other",
-        version(os),
+        _version(os),
         dev.family if dev else "Other",
         dev.brand if dev else None,
         dev.model if dev else None,
@@ -117,13 +175,15 @@ def parse_agent(agent: str) -> tuple[Any, ...]:
     )
 
 
+def _agent_of(value: Any) -> Row | None:
+    return parse_agent(value) if isinstance(value, str) else None
+
+
 def parse_user_agent(col: Column) -> Column:
     """``col`` (a User-Agent string) -> ``UA_SCHEMA`` struct, null for a missing agent."""
 
-    @F.pandas_udf(UA_SCHEMA)  # type: ignore[call-overload]
-    def parse(agents: pd.Series) -> pd.DataFrame:
-        empty = (None,) * len(UA_FIELDS)
-        rows = [parse_agent(a) if isinstance(a, str) and a else empty for a in agents]
-        return pd.DataFrame(rows, columns=list(UA_FIELDS))
+    @F.arrow_udf(UA_SCHEMA)  # type: ignore[call-overload]
+    def parse(agents: pa.Array) -> pa.Array:
+        return map_distinct(agents, _agent_of, _UA_FIELDS)
 
-    return F.when(col.isNotNull() & (F.length(col) > 0), parse(col))
+    return parse(col)

@@ -15,9 +15,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from headwater.bus import context
-from headwater.pipeline.columns import EVENT, header, json_path, pointer_parts
+from headwater.pipeline.columns import EVENT, header, json_path, pointer_parts, with_event
 from headwater.pipeline.config import EnrichmentRule
 
+LOOKED_UP = "_hw_lookup"
 IMPLICIT = (
     EnrichmentRule(name="ip_lookup", src="/source_ip", dst="/eventn_ctx/location"),
     EnrichmentRule(
@@ -36,7 +37,6 @@ def apply_lookups(
     df: DataFrame, rules: list[EnrichmentRule], geoip_database: Path | None
 ) -> DataFrame:
     """``event`` with every rule's result set (rules whose input is missing leave it as is)."""
-    event = F.col(EVENT)
     js = is_javascript()
     for rule, implicit in [(r, False) for r in rules] + [(r, True) for r in IMPLICIT]:
         if rule.name == "ip_lookup" and geoip_database is None:
@@ -45,12 +45,14 @@ def apply_lookups(
             from headwater.errors import ConfigError
 
             raise ConfigError("an ip_lookup rule needs pipeline.geoip_database")
-        result = _lookup(rule, event, geoip_database)
+        event = F.col(EVENT)
+        df = df.withColumn(LOOKED_UP, _lookup(rule, event, geoip_database))
+        result = F.col(LOOKED_UP)
         updated = F.when(result.isNull(), event).otherwise(
             F.variant_set(event, json_path(pointer_parts(rule.dst)), F.to_variant_object(result))
         )
-        event = F.when(js, updated).otherwise(event) if implicit else updated
-    return df.withColumn(EVENT, F.when(F.col(EVENT).isNotNull(), event))
+        df = with_event(df, F.when(js, updated).otherwise(event) if implicit else updated)
+    return df.drop(LOOKED_UP)
 
 
 def _lookup(rule: EnrichmentRule, event: Column, geoip_database: Path | None) -> Column:

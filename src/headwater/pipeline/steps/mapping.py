@@ -15,34 +15,35 @@ from __future__ import annotations
 
 import json
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from headwater.pipeline.columns import EVENT, json_path, pointer_parts
+from headwater.pipeline.columns import EVENT, json_path, pointer_parts, with_event
 from headwater.pipeline.config import MappingConfig
 
 Path = tuple[str, ...]
+KEPT = "_hw_kept"
 
 
 def apply_mapping(df: DataFrame, mapping: MappingConfig) -> DataFrame:
     """``event`` with the rules applied (rows without an event pass through)."""
     if not mapping.fields and mapping.keep_unmapped:
         return df
-    event = F.col(EVENT)
     for rule in mapping.fields:
+        event = F.col(EVENT)
         if rule.action == "move":
             src, dst = _path(rule.src), _path(rule.dst)
             value = F.variant_get(event, json_path(src), "variant")
             moved = F.variant_set(F.variant_delete(event, json_path(src)), json_path(dst), value)
-            event = F.when(value.isNull(), event).otherwise(moved)
+            df = with_event(df, F.when(value.isNull(), event).otherwise(moved))
         elif rule.action == "remove":
-            event = F.variant_delete(event, json_path(_path(rule.src)))
+            df = with_event(df, F.variant_delete(event, json_path(_path(rule.src))))
         elif rule.action == "constant":
             constant = F.parse_json(F.lit(json.dumps(rule.value)))
-            event = F.variant_set(event, json_path(_path(rule.dst)), constant)
+            df = with_event(df, F.variant_set(event, json_path(_path(rule.dst)), constant))
     if not mapping.keep_unmapped:
-        event = _keep_only(event, kept_paths(mapping))
-    return df.withColumn(EVENT, F.when(F.col(EVENT).isNotNull(), event))
+        df = _keep_only(df, kept_paths(mapping))
+    return df
 
 
 def kept_paths(mapping: MappingConfig) -> list[Path]:
@@ -69,12 +70,17 @@ def explicit_types(mapping: MappingConfig) -> dict[Path, str]:
     return out
 
 
-def _keep_only(event: Column, paths: list[Path]) -> Column:
-    kept = F.parse_json(F.lit("{}"))
+def _keep_only(df: DataFrame, paths: list[Path]) -> DataFrame:
+    """``event`` reduced to ``paths``, built up one field per projection."""
+    df = df.withColumn(KEPT, F.parse_json(F.lit("{}")))
     for path in paths:
-        value = F.variant_get(event, json_path(path), "variant")
-        kept = F.when(value.isNull(), kept).otherwise(F.variant_set(kept, json_path(path), value))
-    return kept
+        kept = F.col(KEPT)
+        value = F.variant_get(F.col(EVENT), json_path(path), "variant")
+        df = df.withColumn(
+            KEPT,
+            F.when(value.isNull(), kept).otherwise(F.variant_set(kept, json_path(path), value)),
+        )
+    return with_event(df, F.col(KEPT)).drop(KEPT)
 
 
 def _path(pointer: str | None) -> Path:
