@@ -203,7 +203,8 @@ def test_stop_waits_for_the_call_in_flight_and_refuses_new_ones() -> None:
                     try:
                         await send_event(fresh)(request("late"), timeout=10)
                     except aio.AioRpcError as e:
-                        assert e.code() == grpc.StatusCode.UNAVAILABLE
+                        # refused at the door, or cancelled by the stop before it was handled
+                        assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
                         break
             assert not stopping.done()
             assert not in_flight.done()

@@ -19,6 +19,9 @@ def test_select_topics_by_name_or_pattern_never_internal_by_pattern() -> None:
     assert off.select_topics(names, None, ".*") == ["events-x", "events-y", "other"]
     assert off.select_topics(names, ["headwater-failed"], None) == ["headwater-failed"]
     assert off.select_topics(names, None, "events") == []  # matched in full
+    # the failed store's topic, wherever pipeline.failed_topic points it
+    assert off.select_topics(names, None, "other|events-x", {"other"}) == ["events-x"]
+    assert off.select_topics(names, ["other"], None, {"other"}) == ["other"]
 
 
 def test_spread_is_fair_and_gives_unused_share_to_others() -> None:
@@ -92,3 +95,4 @@ def test_options_are_case_insensitive_and_parsed() -> None:
     )
     assert opts.topics == ["a", "b"] and opts.max_records_per_trigger == 7
     assert opts.starting == "latest" and opts.ending == "latest"
+    assert opts.internal_topics == {"headwater-failed"}

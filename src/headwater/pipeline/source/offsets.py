@@ -9,7 +9,7 @@ source does for new partitions.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import NamedTuple
 
 Offsets = dict[str, dict[str, int]]
@@ -28,17 +28,25 @@ class Range(NamedTuple):
 
 
 def select_topics(
-    available: Iterable[str], names: list[str] | None, pattern: str | None
+    available: Iterable[str],
+    names: list[str] | None,
+    pattern: str | None,
+    internal: Collection[str] = (),
 ) -> list[str]:
     """The topics a query reads: the named ones that exist, or those ``pattern`` matches in
-    full. A pattern never matches headwater's internal topics (``headwater-...``); a name does."""
+    full. A pattern never matches internal topics (``headwater-...`` and those in ``internal``,
+    such as the failed store's topic); a name does."""
     existing = sorted(set(available))
     if names is not None:
         wanted = set(names)
         return [t for t in existing if t in wanted]
     assert pattern is not None
     regex = re.compile(pattern)
-    return [t for t in existing if regex.fullmatch(t) and not t.startswith(INTERNAL_PREFIX)]
+    return [
+        t
+        for t in existing
+        if regex.fullmatch(t) and not t.startswith(INTERNAL_PREFIX) and t not in internal
+    ]
 
 
 def to_offsets(positions: Mapping[tuple[str, int], int]) -> Offsets:

@@ -31,6 +31,7 @@ class SourceOptions:
     starting: str | dict[str, dict[str, int]]
     ending: str | dict[str, dict[str, int]]
     records_per_task: int
+    internal_topics: frozenset[str]
 
     @property
     def config(self) -> HeadwaterConfig:
@@ -77,7 +78,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     if not config_json:
         raise ConfigError('the headwater source needs option "config" (HeadwaterConfig as JSON)')
     try:
-        HeadwaterConfig.model_validate_json(config_json)
+        config = HeadwaterConfig.model_validate_json(config_json)
     except ValueError as e:
         raise ConfigError(f"option config is not a valid headwater config: {e}") from None
     topics_raw, pattern = opts.get("topics"), opts.get("topicpattern")
@@ -102,4 +103,5 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         ending=_offsets(opts, "endingoffsets", ("latest",)),
         records_per_task=_positive(opts, "recordspertask", DEFAULT_RECORDS_PER_TASK)
         or DEFAULT_RECORDS_PER_TASK,
+        internal_topics=frozenset({config.pipeline.failed_topic}),
     )

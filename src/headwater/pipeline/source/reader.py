@@ -59,7 +59,9 @@ def bus_for(config_json: str) -> Bus:
 def watermarks(opts: SourceOptions) -> dict[tuple[str, int], tuple[int, int]]:
     """(low, high) of every partition of the selected topics, as they are now."""
     bus = bus_for(opts.config_json)
-    chosen = off.select_topics((t.name for t in bus.topics()), opts.topics, opts.pattern)
+    chosen = off.select_topics(
+        (t.name for t in bus.topics()), opts.topics, opts.pattern, opts.internal_topics
+    )
     marks = {}
     for topic in chosen:
         for partition in range(bus.topic(topic).partitions):
