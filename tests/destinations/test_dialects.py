@@ -14,14 +14,32 @@ from headwater.destinations.redshift.dialect import RedshiftDialect
 from headwater.destinations.snowflake.dialect import SnowflakeDialect
 from headwater.destinations.types import ColumnType as T
 
-NAMES = ["User Name", "utm-source", "2fa", "Ünïcode", 'quo"te', "a" * 400, "CamelCase"]
-COLUMNS = [(t, t) for t in T]
+NAMES = [
+    "User Name",
+    "utm-source",
+    "2fa",
+    "Ünïcode",
+    'quo"te',
+    "a" * 400,
+    "CamelCase",
+    "page.url",
+    "",
+    "select",
+]
+COMMON = ["user_name", "utm_source", "_2fa", "_n_code", "quo_te"]
 
 GOLDEN = {
     "postgres": {
         "dialect": PostgresDialect(),
-        "types": ["boolean", "bigint", "numeric", "timestamp with time zone", "text"],
-        "names": ["user_name", "utm_source", "_2fa", "_n_code", "quo_te", "a" * 63, "camelcase"],
+        "types": ["boolean", "bigint", "numeric", "timestamptz", "text"],
+        "catalog": {
+            "timestamp with time zone": T.TIMESTAMP,
+            "numeric(38,18)": T.FLOAT64,
+            "double precision": T.FLOAT64,
+            "character varying": T.STRING,
+            "integer": None,
+        },
+        "names": [*COMMON, "a" * 63, "camelcase", "page_url", "_", "select"],
         "create": 'CREATE TABLE IF NOT EXISTS "events" ("id" bigint, "v" text, PRIMARY KEY ("id"))',
         "add": 'ALTER TABLE "events" ADD COLUMN IF NOT EXISTS "new col" boolean',
     },
@@ -34,7 +52,12 @@ GOLDEN = {
             "timestamptz",
             "character varying(65535)",
         ],
-        "names": ["user_name", "utm_source", "_2fa", "_n_code", "quo_te", "a" * 127, "camelcase"],
+        "catalog": {
+            "timestamp with time zone": T.TIMESTAMP,
+            "numeric(38,18)": T.FLOAT64,
+            "character varying": T.STRING,
+        },
+        "names": [*COMMON, "a" * 127, "camelcase", "page_url", "_", "select"],
         "create": 'CREATE TABLE IF NOT EXISTS "events" ("id" bigint, "v" character varying(65535),'
         ' PRIMARY KEY ("id"))',
         "add": 'ALTER TABLE "events" ADD COLUMN "new col" boolean',
@@ -42,14 +65,30 @@ GOLDEN = {
     "snowflake": {
         "dialect": SnowflakeDialect(),
         "types": ["boolean", "bigint", "float", "timestamp_tz", "text"],
-        "names": ["USER_NAME", "UTM_SOURCE", "_2FA", "_N_CODE", "QUO_TE", "A" * 255, "CAMELCASE"],
+        "catalog": {"NUMBER(38,0)": T.INT64, "TIMESTAMP_TZ": T.TIMESTAMP, "VARIANT": None},
+        "names": [
+            *(n.upper() for n in COMMON),
+            "A" * 255,
+            "CAMELCASE",
+            "PAGE_URL",
+            "_",
+            "SELECT",
+        ],
         "create": 'CREATE TABLE IF NOT EXISTS "events" ("id" bigint, "v" text, PRIMARY KEY ("id"))',
         "add": 'ALTER TABLE "events" ADD COLUMN IF NOT EXISTS "new col" boolean',
     },
     "bigquery": {
         "dialect": BigQueryDialect(),
         "types": ["BOOL", "INT64", "FLOAT64", "TIMESTAMP", "STRING"],
-        "names": ["User_Name", "utm_source", "_2fa", "_n_code", "quo_te", "a" * 300, "CamelCase"],
+        "names": [
+            "User_Name",
+            *COMMON[1:],
+            "a" * 300,
+            "CamelCase",
+            "page_url",
+            "_",
+            "select",
+        ],
         "create": "CREATE TABLE IF NOT EXISTS `events` (`id` INT64, `v` STRING)",
         "add": "ALTER TABLE `events` ADD COLUMN IF NOT EXISTS `new col` BOOL",
     },
@@ -62,7 +101,13 @@ GOLDEN = {
             "Nullable(DateTime64(6, 'UTC'))",
             "Nullable(String)",
         ],
-        "names": ["user_name", "utm_source", "_2fa", "_n_code", "quo_te", "a" * 255, "camelcase"],
+        "catalog": {
+            "DateTime64(6, 'UTC')": T.TIMESTAMP,
+            "Nullable(Int64)": T.INT64,
+            "Bool": T.BOOL,
+            "LowCardinality(String)": None,
+        },
+        "names": [*COMMON, "a" * 255, "camelcase", "page_url", "_", "select"],
         "create": "CREATE TABLE IF NOT EXISTS `events` (`id` Int64, `v` Nullable(String)) "
         "ENGINE = ReplacingMergeTree ORDER BY (`id`) "
         "SETTINGS non_replicated_deduplication_window = 10000",
@@ -70,8 +115,9 @@ GOLDEN = {
     },
     "duckdb": {
         "dialect": DuckDBDialect(),
-        "types": ["BOOLEAN", "BIGINT", "DOUBLE", "TIMESTAMP WITH TIME ZONE", "VARCHAR"],
-        "names": ["user_name", "utm_source", "_2fa", "_n_code", "quo_te", "a" * 255, "camelcase"],
+        "types": ["BOOLEAN", "BIGINT", "DOUBLE", "TIMESTAMPTZ", "VARCHAR"],
+        "catalog": {"TIMESTAMP WITH TIME ZONE": T.TIMESTAMP, "INTEGER": None},
+        "names": [*COMMON, "a" * 255, "camelcase", "page_url", "_", "select"],
         "create": 'CREATE TABLE IF NOT EXISTS "events" ("id" BIGINT, "v" VARCHAR, '
         'PRIMARY KEY ("id"))',
         "add": 'ALTER TABLE "events" ADD COLUMN IF NOT EXISTS "new col" BOOLEAN',
@@ -87,6 +133,9 @@ def test_dialect_golden(name: str) -> None:
     assert [d.normalize(n) for n in NAMES] == g["names"]
     # every SQL type reads back as the type it came from
     assert [d.column_type(d.sql_type(t)) for t in T] == list(T)
+    # and so do the spellings the warehouse's catalog reports (None: not one of ours)
+    for sql, expected in g.get("catalog", {}).items():  # type: ignore[attr-defined]
+        assert d.column_type(sql) == expected, sql
     cols = [
         ("id", d.types[T.INT64] if name == "clickhouse" else d.sql_type(T.INT64)),
         ("v", d.sql_type(T.STRING)),

@@ -1,13 +1,18 @@
-"""Arrow helpers every destination shares: the structure a batch implies, and the
-last-row-wins dedupe on a primary key."""
+"""Arrow helpers every destination shares: the structure a batch implies, UTC timestamps,
+strict casts to a table's types, and the last-row-wins dedupe on a primary key."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from headwater.destinations.base import Column, TableSchema
+from headwater.destinations.base import Column, DestinationError, TableSchema
 from headwater.destinations.types import ColumnType
+
+if TYPE_CHECKING:
+    from headwater.destinations.dialect import Dialect
 
 ARROW_TYPES: dict[ColumnType, pa.DataType] = {
     ColumnType.BOOL: pa.bool_(),
@@ -46,6 +51,28 @@ def utc_timestamps(table: pa.Table) -> pa.Table:
                 col = pc.assume_timezone(col, "UTC") if len(col) else col.cast(f.type)
             table = table.set_column(i, f.name, col.cast(pa.timestamp("us", tz="UTC")))
     return table
+
+
+def conform(rows: pa.Table, have: TableSchema | None, dialect: Dialect) -> pa.Table:
+    """Cast the batch's columns to the Arrow types of the table's columns (those of our types),
+    refusing any cast that loses a value: a warehouse that quietly stores NULL for a value it
+    cannot parse (ClickHouse does, into Nullable columns) is only handed values that fit."""
+    if have is None:
+        return rows
+    for i, f in enumerate(rows.schema):
+        col = have.columns.get(f.name)
+        kind = dialect.column_type(col.sql_type) if col and col.sql_type else None
+        if kind is None or f.type == ARROW_TYPES[kind]:
+            continue
+        try:
+            cast = rows.column(i).cast(ARROW_TYPES[kind], safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise DestinationError(
+                f"table {have.name!r}, column {f.name!r}: {f.type} values do not fit the "
+                f"column's type {col.sql_type}: {exc}"  # type: ignore[union-attr]
+            ) from exc
+        rows = rows.set_column(i, f.name, cast)
+    return rows
 
 
 def dedupe_last(table: pa.Table, keys: tuple[str, ...]) -> pa.Table:

@@ -8,7 +8,9 @@ catalog queries, its lock and its bulk load; ``SqlDestination`` does the rest:
   ``_headwater_batches`` (a batch already there: roll back, return False), then load every
   table (appending, or upserting on the primary key after a last-row-wins dedupe), commit;
 - a load that fails because the table changed underneath (a column gone or added by someone
-  else) rolls back, refreshes the structure, patches the table and retries once.
+  else) rolls back, refreshes the structure, patches the table and retries once;
+- every other driver error leaves through the warehouse's ``classify`` as a transient or a
+  terminal headwater error.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from headwater.destinations.base import Column, Destination, TableSchema
 from headwater.destinations.batches import dedupe_last, schema_of, utc_timestamps
 from headwater.destinations.types import ColumnType
+from headwater.errors import HeadwaterError, TransientError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -31,8 +34,13 @@ if TYPE_CHECKING:
 LEDGER = "_headwater_batches"
 
 
-class TableChanged(Exception):
-    """A load failed because the table's columns are not what the batch was planned against."""
+class TableChanged(TransientError):
+    """A load failed because the table's columns are not what the batch was planned against.
+
+    The destination patches and retries once itself; when the table changes again in between,
+    this leaves it as transient: the next attempt of the batch patches again."""
+
+    code = "HW-DST-003"
 
 
 class Session(ABC):
@@ -91,21 +99,36 @@ class SqlDestination(Destination):
     def _session(self) -> Session:
         """The open session (connect on first use)."""
 
+    @abstractmethod
+    def classify(self, exc: BaseException) -> HeadwaterError:
+        """A driver error as a transient or terminal headwater error (the connector's rule)."""
+
     @contextmanager
     def _using(self) -> Iterator[Session]:
         with self._lock:
-            session = self._session()
-            if not self._ready:
-                session.begin()
-                for sql in self._ledger_sql:
-                    session.execute(sql)
-                session.commit()
-                self._ready = True
             try:
+                session = self._session()
+                if not self._ready:
+                    self._create_ledger(session)
                 yield session
+            except HeadwaterError:
+                raise
+            except Exception as exc:
+                raise self.classify(exc) from exc
             finally:
                 if self.release_after_use:
                     self._close()
+
+    def _create_ledger(self, s: Session) -> None:
+        s.begin()
+        try:
+            for sql in self._ledger_sql:
+                s.execute(sql)
+            s.commit()
+        except BaseException:
+            s.rollback()
+            raise
+        self._ready = True
 
     def table(self, name: str) -> TableSchema | None:
         with self._using() as s:
@@ -119,7 +142,16 @@ class SqlDestination(Destination):
         for col, sql in cols:
             kind = self.dialect.column_type(sql)
             out[col] = Column(col, kind or ColumnType.STRING, sql)
-        return TableSchema(name, out, s.primary_key(name))
+        key = s.primary_key(name)
+        self._keys[name] = key
+        return TableSchema(name, out, key)
+
+    def _key(self, s: Session, name: str) -> tuple[str, ...]:
+        """The table's primary key: known from patching or reading it, else from the catalog
+        (a destination opened after a restart still upserts)."""
+        if name not in self._keys:
+            self._read(s, name)
+        return self._keys.get(name, ())
 
     def ensure_table(self, schema: TableSchema) -> TableSchema:
         with self._using() as s:
@@ -150,28 +182,26 @@ class SqlDestination(Destination):
         return after
 
     def write_batch(self, writer_id: str, batch_id: int, tables: Mapping[str, pa.Table]) -> bool:
-        prepared = {
-            name: dedupe_last(utc_timestamps(t), self._keys.get(name, ()))
-            for name, t in tables.items()
-        }
         with self._using() as s:
             for attempt in (1, 2):
+                keys = {name: self._key(s, name) for name in tables}
                 s.begin()
                 try:
                     if not s.record_batch(writer_id, batch_id):
                         s.rollback()
                         return False
-                    for name, rows in prepared.items():
+                    for name, t in tables.items():
+                        rows = dedupe_last(utc_timestamps(t), keys[name])
                         if rows.num_rows:
-                            s.load(name, rows, self._keys.get(name, ()))
+                            s.load(name, rows, keys[name])
                     s.commit()
                     return True
                 except TableChanged:
                     s.rollback()
                     if attempt == 2:
                         raise
-                    for name, rows in prepared.items():
-                        self._patch(s, schema_of(name, rows, self._keys.get(name, ())))
+                    for name, t in tables.items():
+                        self._patch(s, schema_of(name, utc_timestamps(t), keys[name]))
                 except BaseException:
                     s.rollback()
                     raise

@@ -9,8 +9,9 @@ tokens make the repeated inserts no-ops. With a primary key, tables are Replacin
 ordered by it (read them with ``FINAL``).
 
 chdb runs one embedded server per process, on one data folder: a second folder in the same
-process is refused with an error naming both. ClickHouse servers (``dsn``) are not supported
-yet: that needs a client library this project does not install.
+process is refused with an error naming both. ClickHouse servers (``dsn``) are refused with a
+clear error: there is no ClickHouse server on the test machines, so a server client could not
+be tested here (``clickhouse-connect`` would be the way: the same SQL, Arrow inserts).
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from headwater.destinations.base import (
     DestinationUnavailable,
     TableSchema,
 )
-from headwater.destinations.batches import dedupe_last, schema_of, utc_timestamps
+from headwater.destinations.batches import conform, dedupe_last, schema_of, utc_timestamps
 from headwater.destinations.clickhouse.dialect import ClickHouseDialect
-from headwater.destinations.sql import LEDGER
+from headwater.destinations.sql import LEDGER, TableChanged
 from headwater.destinations.types import ColumnType
+from headwater.errors import HeadwaterError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -39,13 +41,17 @@ if TYPE_CHECKING:
 
 _SESSIONS: dict[str, Any] = {}
 _SESSIONS_LOCK = threading.Lock()
+_DATABASE_LOCKS: dict[str, threading.RLock] = {}
 _CHANGED = ("NO_SUCH_COLUMN_IN_TABLE", "UNKNOWN_TABLE", "THERE_IS_NO_COLUMN")
+_TRANSIENT = ("TIMEOUT", "TOO_MANY", "MEMORY_LIMIT_EXCEEDED", "NETWORK_ERROR", "ABORTED")
 SQUASH = "min_insert_block_size_rows = 1000000000, min_insert_block_size_bytes = 1000000000000"
 
 
-def classify(exc: BaseException) -> Exception:
+def classify(exc: BaseException) -> HeadwaterError:
+    """ClickHouse error names tell: timeouts, too many parts or queries, memory limits are
+    transient (the server catches up); the rest (bad values, syntax) terminal."""
     text = str(exc)
-    if "TIMEOUT" in text or "TOO_MANY" in text:
+    if any(s in text for s in _TRANSIENT):
         return DestinationUnavailable(f"ClickHouse: {text}")
     return DestinationError(f"ClickHouse: {text}")
 
@@ -68,6 +74,14 @@ def embedded_session(path: Path) -> Any:
         return _SESSIONS[key]
 
 
+def database_lock(path: Path, database: str) -> threading.RLock:
+    """One lock per embedded database in this process, so that destinations sharing it patch
+    one at a time (re-entrant: a write re-patches while holding it)."""
+    key = f"{path.resolve()}:{database}"
+    with _SESSIONS_LOCK:
+        return _DATABASE_LOCKS.setdefault(key, threading.RLock())
+
+
 class ClickHouseDestination(Destination):
     kind = "clickhouse"
 
@@ -75,7 +89,7 @@ class ClickHouseDestination(Destination):
         self.dialect = ClickHouseDialect()
         self.path = path
         self.database = database
-        self._lock = threading.RLock()  # write_batch re-patches while holding it
+        self._lock = database_lock(path, database)
         self._keys: dict[str, tuple[str, ...]] = {}
         self._session = embedded_session(path)
         db = self.dialect.quote(database)
@@ -92,7 +106,7 @@ class ClickHouseDestination(Destination):
             result = self._session.query(sql, "ArrowTable")
         except Exception as exc:
             if any(s in str(exc) for s in _CHANGED):
-                raise _TableChanged(str(exc)) from exc
+                raise TableChanged(f"ClickHouse: the table changed underneath: {exc}") from exc
             raise classify(exc) from exc
         del hw_rows
         return [tuple(r.values()) for r in result.to_pylist()] if result is not None else []
@@ -160,8 +174,10 @@ class ClickHouseDestination(Destination):
         with self._lock:
             if self._recorded(writer_id, batch_id):
                 return False
-            for name, rows in tables.items():
-                rows = dedupe_last(utc_timestamps(rows), self._keys.get(name, ()))
+            for name, batch in tables.items():
+                have = self.table(name)
+                key = self._keys.setdefault(name, have.primary_key if have else ())
+                rows = dedupe_last(conform(utc_timestamps(batch), have, self.dialect), key)
                 if rows.num_rows:
                     self._insert(writer_id, batch_id, name, rows)
             self.query(
@@ -182,17 +198,13 @@ class ClickHouseDestination(Destination):
             try:
                 self.query(sql, hw_rows=rows)
                 return
-            except _TableChanged:
+            except TableChanged:
                 if attempt == 2:
                     raise
                 self.ensure_table(schema_of(name, rows, self._keys.get(name, ())))
 
     def close(self) -> None:
         """The embedded server stays up for the process (chdb allows one)."""
-
-
-class _TableChanged(DestinationError):
-    code = "HW-DST-003"
 
 
 def _lit(value: str) -> str:
@@ -202,7 +214,8 @@ def _lit(value: str) -> str:
 def open_destination(config: DestinationConfig, data_dir: Path) -> ClickHouseDestination:
     if config.dsn:
         raise DestinationError(
-            f"destination {config.id!r}: ClickHouse servers (dsn) are not supported yet; "
+            f"destination {config.id!r}: ClickHouse servers (dsn {config.dsn!r}) are not "
+            "supported: without a server to test against here there is no server client; "
             "use the embedded ClickHouse (chdb) with path"
         )
     path = Path(config.path) if config.path else data_dir / "clickhouse"

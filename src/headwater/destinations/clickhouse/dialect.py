@@ -1,6 +1,10 @@
 """ClickHouse (embedded through chdb, or a server). The seed's types, every column Nullable
 (events lack fields); tables are MergeTree, or ReplacingMergeTree ordered by the primary key,
-which ClickHouse deduplicates in the background (read with FINAL for exact results)."""
+which ClickHouse deduplicates in the background (read with FINAL for exact results).
+
+Identifiers are case-sensitive there; names are folded to lower case to keep one spelling per
+column. ClickHouse sets no length limit of its own, but a MergeTree part stores each column in
+files named after it, so names are cut at 255 characters, the usual file-name limit."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ process holds the file, opening is retried for ``options.lock_timeout_s`` (defau
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ import duckdb
 from headwater.destinations.base import DestinationError, DestinationUnavailable
 from headwater.destinations.duckdb.dialect import DuckDBDialect
 from headwater.destinations.sql import LEDGER, Session, SqlDestination, TableChanged
+from headwater.errors import HeadwaterError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -29,13 +31,26 @@ LEDGER_SQL = [
     "committed_at TIMESTAMP WITH TIME ZONE, PRIMARY KEY (writer_id, batch_id))"
 ]
 _CHANGED = ("does not have a column", "not found in", "does not exist")
+_FILE_LOCKS: dict[str, threading.Lock] = {}
+_FILE_LOCKS_GUARD = threading.Lock()
 
 
-def classify(exc: BaseException) -> Exception:
-    """A DuckDB error as headwater's: a held file lock is transient, the rest terminal."""
+def file_lock(path: Path) -> threading.Lock:
+    """One lock per database file in this process: every destination writing to the file (two
+    destinations may share it) patches and writes one at a time."""
+    key = str(path.resolve())
+    with _FILE_LOCKS_GUARD:
+        return _FILE_LOCKS.setdefault(key, threading.Lock())
+
+
+def classify(exc: BaseException) -> HeadwaterError:
+    """A DuckDB error as headwater's: a file held by another process and a write-write conflict
+    between transactions are transient (a retry may succeed), the rest terminal."""
     text = str(exc)
     if isinstance(exc, duckdb.IOException) and "lock" in text.lower():
         return DestinationUnavailable(f"the DuckDB file is locked by another process: {text}")
+    if isinstance(exc, duckdb.TransactionException) and "conflict" in text.lower():
+        return DestinationUnavailable(f"DuckDB: a concurrent transaction conflicted: {text}")
     return DestinationError(f"DuckDB: {text}")
 
 
@@ -86,7 +101,7 @@ class DuckDBSession(Session):
             self.con.execute(f'{verb} "{table}" BY NAME SELECT * FROM __hw_rows')
         except (duckdb.BinderException, duckdb.CatalogException) as exc:
             if any(s in str(exc) for s in _CHANGED):
-                raise TableChanged(str(exc)) from exc
+                raise TableChanged(f"table {table!r} changed underneath: {exc}") from exc
             raise
         finally:
             with contextlib.suppress(duckdb.Error):  # fails in an aborted transaction
@@ -109,6 +124,7 @@ class DuckDBDestination(SqlDestination):
 
     def __init__(self, path: Path, lock_timeout_s: float = 30.0) -> None:
         super().__init__(DuckDBDialect(), LEDGER_SQL)
+        self._lock = file_lock(path)
         self.path = path
         self.lock_timeout_s = lock_timeout_s
         self._open: DuckDBSession | None = None
@@ -127,6 +143,9 @@ class DuckDBDestination(SqlDestination):
                         raise err from exc
                     time.sleep(0.05)  # another process holds the file: try again shortly
         return self._open
+
+    def classify(self, exc: BaseException) -> HeadwaterError:
+        return classify(exc)
 
     def _close(self) -> None:
         if self._open is not None:

@@ -16,7 +16,7 @@ class DuckDBDialect(Dialect):
         ColumnType.BOOL: "BOOLEAN",
         ColumnType.INT64: "BIGINT",
         ColumnType.FLOAT64: "DOUBLE",
-        ColumnType.TIMESTAMP: "TIMESTAMP WITH TIME ZONE",
+        ColumnType.TIMESTAMP: "TIMESTAMPTZ",
         ColumnType.STRING: "VARCHAR",
     }
 
@@ -24,7 +24,7 @@ class DuckDBDialect(Dialect):
         return {
             "int8": ColumnType.INT64,
             "float8": ColumnType.FLOAT64,
-            "timestamptz": ColumnType.TIMESTAMP,
+            "timestamp with time zone": ColumnType.TIMESTAMP,  # as the catalog spells it
             "text": ColumnType.STRING,
             "bool": ColumnType.BOOL,
         }

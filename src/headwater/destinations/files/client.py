@@ -10,10 +10,12 @@ same names again, so nothing appears twice. Files only append: a primary key is 
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,11 +23,18 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import pyarrow.parquet as pq
 
-from headwater.destinations.base import Column, Destination, DestinationError, TableSchema
+from headwater.destinations.base import (
+    Column,
+    Destination,
+    DestinationError,
+    DestinationUnavailable,
+    TableSchema,
+)
 from headwater.destinations.batches import utc_timestamps
 from headwater.destinations.dialect import Dialect
 from headwater.destinations.duckdb.dialect import DuckDBDialect
 from headwater.destinations.types import ColumnType
+from headwater.errors import HeadwaterError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -34,6 +43,25 @@ if TYPE_CHECKING:
 
 LEDGER = "_headwater_batches"
 SCHEMA_FILE = "_schema.json"
+# a full disk or quota, a busy or interrupted file system: an operator or time may fix these
+_TRANSIENT_ERRNO = {errno.ENOSPC, errno.EDQUOT, errno.EAGAIN, errno.EBUSY, errno.EINTR}
+
+
+def classify(exc: BaseException) -> HeadwaterError:
+    """A file-system error as headwater's: space and busy errors transient, the rest terminal."""
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNO:
+        return DestinationUnavailable(f"files: {exc}")
+    return DestinationError(f"files: {exc}")
+
+
+@contextmanager
+def _classified() -> Iterator[None]:
+    try:
+        yield
+    except HeadwaterError:
+        raise
+    except Exception as exc:
+        raise classify(exc) from exc
 
 
 def _replace(path: Path, data: bytes) -> None:
@@ -73,7 +101,8 @@ class FilesDestination(Destination):
         cols = {n: c.type.value for n, c in (have.columns if have else {}).items()}
         for c in schema.missing_from(have):
             cols[c.name] = c.type.value
-        _replace(self.root / schema.name / SCHEMA_FILE, json.dumps(cols).encode())
+        with _classified():
+            _replace(self.root / schema.name / SCHEMA_FILE, json.dumps(cols).encode())
         after = self.table(schema.name)
         assert after is not None
         return after
@@ -87,13 +116,14 @@ class FilesDestination(Destination):
         if done is not None and batch_id <= done:
             return False
         stem = f"{writer_id}-{batch_id:012d}"
-        for name, rows in tables.items():
-            rows = utc_timestamps(rows)
-            if self.format == "parquet":
-                self._parquet(self.root / name / f"{stem}.parquet", rows)
-            else:
-                self._jsonl(self.root / name, stem, rows)
-        _replace(self.root / LEDGER / writer_id, str(batch_id).encode())
+        with _classified():
+            for name, rows in tables.items():
+                rows = utc_timestamps(rows)
+                if self.format == "parquet":
+                    self._parquet(self.root / name / f"{stem}.parquet", rows)
+                else:
+                    self._jsonl(self.root / name, stem, rows)
+            _replace(self.root / LEDGER / writer_id, str(batch_id).encode())
         return True
 
     @staticmethod

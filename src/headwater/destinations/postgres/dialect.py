@@ -17,14 +17,14 @@ class PostgresDialect(Dialect):
         ColumnType.BOOL: "boolean",
         ColumnType.INT64: "bigint",
         ColumnType.FLOAT64: "numeric",
-        ColumnType.TIMESTAMP: "timestamp with time zone",
+        ColumnType.TIMESTAMP: "timestamptz",
         ColumnType.STRING: "text",
     }
 
     def extra_types(self) -> dict[str, ColumnType]:
         return {
             "int8": ColumnType.INT64,
-            "timestamptz": ColumnType.TIMESTAMP,
+            "timestamp with time zone": ColumnType.TIMESTAMP,  # as format_type spells it
             "double precision": ColumnType.FLOAT64,
             "numeric(38,18)": ColumnType.FLOAT64,
             "character varying": ColumnType.STRING,

@@ -22,3 +22,10 @@ class RedshiftDialect(Dialect):
         ColumnType.TIMESTAMP: "timestamptz",
         ColumnType.STRING: "character varying(65535)",
     }
+
+    def extra_types(self) -> dict[str, ColumnType]:
+        return {  # as Redshift's catalog (pg_table_def, SVV_COLUMNS) spells them
+            "timestamp with time zone": ColumnType.TIMESTAMP,
+            "numeric(38,18)": ColumnType.FLOAT64,
+            "character varying": ColumnType.STRING,
+        }

@@ -22,5 +22,13 @@ class SnowflakeDialect(Dialect):
         ColumnType.STRING: "text",
     }
 
+    def extra_types(self) -> dict[str, ColumnType]:
+        return {  # as Snowflake's information_schema spells them
+            "number(38,0)": ColumnType.INT64,
+            "number(38,18)": ColumnType.FLOAT64,
+            "numeric(38,18)": ColumnType.FLOAT64,
+            "varchar(16777216)": ColumnType.STRING,
+        }
+
     def normalize(self, name: str) -> str:
         return super().normalize(name).upper()
