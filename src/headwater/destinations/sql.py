@@ -83,6 +83,10 @@ class Session(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def is_open(self) -> bool:
+        """Whether the connection can still be used (a driver may notice it was lost)."""
+        return True
+
 
 class SqlDestination(Destination):
     # close the connection after every call (DuckDB: let other processes open the file)
@@ -94,10 +98,17 @@ class SqlDestination(Destination):
         self._lock = threading.Lock()
         self._keys: dict[str, tuple[str, ...]] = {}
         self._ready = False
+        self._open: Session | None = None
 
     @abstractmethod
+    def _connect(self) -> Session:
+        """A new session on the warehouse."""
+
     def _session(self) -> Session:
-        """The open session (connect on first use)."""
+        """The open session (connect on first use, and again after it was lost)."""
+        if self._open is None or not self._open.is_open():
+            self._open = self._connect()
+        return self._open
 
     @abstractmethod
     def classify(self, exc: BaseException) -> HeadwaterError:
@@ -221,5 +232,7 @@ class SqlDestination(Destination):
         with self._lock:
             self._close()
 
-    @abstractmethod
-    def _close(self) -> None: ...
+    def _close(self) -> None:
+        if self._open is not None:
+            self._open.close()
+            self._open = None

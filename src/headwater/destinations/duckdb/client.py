@@ -127,30 +127,21 @@ class DuckDBDestination(SqlDestination):
         self._lock = file_lock(path)
         self.path = path
         self.lock_timeout_s = lock_timeout_s
-        self._open: DuckDBSession | None = None
 
-    def _session(self) -> Session:
-        if self._open is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            deadline = time.monotonic() + self.lock_timeout_s
-            while True:
-                try:
-                    self._open = DuckDBSession(duckdb.connect(str(self.path)))
-                    break
-                except duckdb.IOException as exc:
-                    err = classify(exc)
-                    if not isinstance(err, DestinationUnavailable) or time.monotonic() > deadline:
-                        raise err from exc
-                    time.sleep(0.05)  # another process holds the file: try again shortly
-        return self._open
+    def _connect(self) -> Session:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + self.lock_timeout_s
+        while True:
+            try:
+                return DuckDBSession(duckdb.connect(str(self.path)))
+            except duckdb.IOException as exc:
+                err = classify(exc)
+                if not isinstance(err, DestinationUnavailable) or time.monotonic() > deadline:
+                    raise err from exc
+                time.sleep(0.05)  # another process holds the file: try again shortly
 
     def classify(self, exc: BaseException) -> HeadwaterError:
         return classify(exc)
-
-    def _close(self) -> None:
-        if self._open is not None:
-            self._open.close()
-            self._open = None
 
 
 def open_destination(config: DestinationConfig, data_dir: Path) -> DuckDBDestination:

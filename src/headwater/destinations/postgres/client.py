@@ -144,6 +144,9 @@ class PostgresSession(Session):
     def close(self) -> None:
         self.con.close()
 
+    def is_open(self) -> bool:
+        return not self.con.closed
+
 
 class PostgresDestination(SqlDestination):
     kind = "postgres"
@@ -151,24 +154,16 @@ class PostgresDestination(SqlDestination):
     def __init__(self, dsn: str) -> None:
         super().__init__(PostgresDialect(), LEDGER_SQL)
         self.dsn = dsn
-        self._open: PostgresSession | None = None
 
-    def _session(self) -> Session:
-        if self._open is None or self._open.con.closed:
-            try:
-                con = psycopg.connect(self.dsn, connect_timeout=10)
-            except psycopg.Error as exc:
-                raise classify(exc) from exc
-            self._open = PostgresSession(con, self.dialect)  # type: ignore[arg-type]
-        return self._open
+    def _connect(self) -> Session:
+        try:
+            con = psycopg.connect(self.dsn, connect_timeout=10)
+        except psycopg.Error as exc:
+            raise classify(exc) from exc
+        return PostgresSession(con, self.dialect)  # type: ignore[arg-type]
 
     def classify(self, exc: BaseException) -> HeadwaterError:
         return classify(exc)
-
-    def _close(self) -> None:
-        if self._open is not None:
-            self._open.close()
-            self._open = None
 
 
 def open_destination(config: DestinationConfig, data_dir: Path) -> PostgresDestination:
