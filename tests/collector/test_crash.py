@@ -14,12 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import queue
 import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -34,6 +32,7 @@ from headwater.bus import context
 from headwater.bus.embedded.backend import EmbeddedBus
 from headwater.collector.auth import hash_key
 from headwater.config.loader import load_config
+from headwater.testing.process import OutputLines
 
 sys.path.insert(0, str(Path(__file__).parent))
 from crash_load import WRITE_KEY, Ledger, Load
@@ -92,30 +91,12 @@ class CollectorProcess:
             text=True,
             env={**env, "PYTHONUNBUFFERED": "1"},
         )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.seen: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
+        self.out = OutputLines(self.proc.stdout, "the collector", self.stderr)
 
     def wait_for_line(self, prefix: str) -> str:
-        deadline = time.monotonic() + DEADLINE_S
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self.lines.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                raise AssertionError(f"the collector exited: {self.seen} {self.stderr()}")
-            self.seen.append(line)
-            if line.startswith(prefix):
-                return line
-        raise AssertionError(f"no line starting with {prefix!r} in time: {self.seen}")
+        """The first stdout line starting with ``prefix``; fails at the deadline or at exit."""
+        return self.out.wait_for(prefix, DEADLINE_S)
 
     def wait_healthy(self) -> int:
         """The HTTP port, once GET /healthz answers 200 (within the deadline)."""
@@ -152,7 +133,7 @@ class CollectorProcess:
         """Kill if still running, reap, release the pipes; the exit code."""
         self.kill()
         code = self.proc.wait(timeout=DEADLINE_S)
-        self._reader.join(DEADLINE_S)
+        self.out.join(DEADLINE_S)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self._stderr.close()

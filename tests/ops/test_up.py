@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from headwater.ops.cli import cli
+from headwater.testing.process import OutputLines
 
 DEADLINE_S = 30.0
 
@@ -57,31 +55,12 @@ class UpProcess:
             text=True,
             env=clean_env(),
         )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.seen: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
+        self.out = OutputLines(self.proc.stdout, "headwater up", self.stderr)
 
     def wait_for_line(self, prefix: str) -> str:
         """The first stdout line starting with ``prefix``; fails at the deadline or at exit."""
-        deadline = time.monotonic() + DEADLINE_S
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self.lines.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                raise AssertionError(f"headwater up exited: {self.seen} {self.stderr()}")
-            self.seen.append(line)
-            if line.startswith(prefix):
-                return line
-        raise AssertionError(f"no line starting with {prefix!r} in time: {self.seen}")
+        return self.out.wait_for(prefix, DEADLINE_S)
 
     def stderr(self) -> str:
         if self.proc.poll() is None or self.proc.stderr is None:
