@@ -247,6 +247,7 @@ def run_batch(spark: Any, directory: Path, n: int) -> dict[str, Any]:
         "rows": rows,
         "columns": columns,
         "batches": writer.batches,
+        "phases_s": {k: round(v, 2) for k, v in writer.phases.items()},
     }
 
 
@@ -390,6 +391,10 @@ def report(out: dict[str, Any]) -> None:
             f"{b['rows']:,} rows, {b['columns']} columns, {b['batches']} micro-batches",
         ]
     ]
+    print(
+        "where the batch time goes (seconds, summed over micro-batches): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in b["phases_s"].items())
+    )
     d = out.get("dlt")
     if d:
         rows.append(["dlt (DuckDB)", fmt_number(d["events_per_s"]), f"{d['seconds']:.1f}", "-", ""])

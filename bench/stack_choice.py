@@ -3,7 +3,7 @@
 Run from the repository root::
 
     .venv/bin/python bench/stack_choice.py                  # the full run, about 45 minutes
-    .venv/bin/python bench/stack_choice.py --quick          # a smoke run, about 5 minutes
+    .venv/bin/python bench/stack_choice.py --quick          # a smoke run, about 7 minutes
     .venv/bin/python bench/stack_choice.py --stacks aiohttp,floor --rounds 1 --format json
 
 Every stack serves the same collector-shaped handler, written here once per interface:

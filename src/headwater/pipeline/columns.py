@@ -41,8 +41,9 @@ def with_event(df: DataFrame, event: Column) -> DataFrame:
 
 def header(name: str) -> Column:
     """The first value of record header ``name`` as a UTF-8 string (null when absent)."""
-    matching = F.filter(F.col("headers"), lambda h: h["key"] == F.lit(name))
-    return F.get(matching, 0)["value"].cast("string")
+    # array_position and get are compiled by Spark's codegen; a filter with a lambda is not
+    position = F.array_position(F.col("headers")["key"], F.lit(name))
+    return F.get(F.col("headers")["value"], position - 1).cast("string")
 
 
 def failure(step: str, code: str, reason: Column | str) -> Column:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +60,15 @@ class BatchStats:
     tables: dict[str, int] = field(default_factory=dict)
     replayed_batch: bool = False
     seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase (see _write)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - started
 
 
 def process(df: DataFrame, config: HeadwaterConfig, dest: DestinationConfig) -> DataFrame:
@@ -80,6 +91,7 @@ class DestinationWriter:
         self.batches = 0
         self.written = 0
         self.failed_events = 0
+        self.phases: dict[str, float] = {}  # seconds per phase, summed over batches
 
     @property
     def destination(self) -> Destination:
@@ -111,8 +123,11 @@ class DestinationWriter:
         self.batches += 1
         self.written += stats.written
         self.failed_events += stats.failed
+        for name, seconds in stats.phases.items():
+            self.phases[name] = self.phases.get(name, 0.0) + seconds
         log.info(
-            "destination %s batch %d: %d rows, %d written to %s, %d failed, %d skipped (%.2f s)",
+            "destination %s batch %d: %d rows, %d written to %s, %d failed, %d skipped "
+            "(%.2f s: %s)",
             self.dest.id,
             batch_id,
             stats.rows,
@@ -121,6 +136,7 @@ class DestinationWriter:
             stats.failed,
             stats.skipped,
             stats.seconds,
+            ", ".join(f"{k} {v:.2f}" for k, v in stats.phases.items()),
         )
 
     def _write(
@@ -129,7 +145,8 @@ class DestinationWriter:
         dialect = destination.dialect
         pk = tuple(dialect.normalize(c) for c in self.dest.primary_key)
         explicit = explicit_types(self.dest.mapping)
-        counts = events.groupBy(F.col(ERROR).isNull().alias("ok"), TABLE).count().collect()
+        with stats.phase("steps"):  # the steps run here, into the persisted batch
+            counts = events.groupBy(F.col(ERROR).isNull().alias("ok"), TABLE).count().collect()
         stats.rows = sum(r["count"] for r in counts)
         stats.skipped = sum(r["count"] for r in counts if r["ok"] and not r[TABLE])
         tables = sorted({r[TABLE] for r in counts if r["ok"] and r[TABLE]})
@@ -139,7 +156,8 @@ class DestinationWriter:
         for name in tables:
             rows = events.where(F.col(ERROR).isNull() & (F.col(TABLE) == name))
             table = dialect.normalize(name)
-            fields = infer_fields(rows)
+            with stats.phase("infer"):
+                fields = infer_fields(rows)
             existing = destination.table(table)
             plans = plan_columns(fields, dialect, existing, explicit)
             schema = target_schema(table, plans, pk)
@@ -157,14 +175,18 @@ class DestinationWriter:
                 )
                 projected = projected.where(~missing)
             if existing is None or schema.missing_from(existing):
-                destination.ensure_table(schema)
-            arrow[table] = projected.drop(*keep).toArrow()
-        self._fail(failed, stats)
+                with stats.phase("patch"):
+                    destination.ensure_table(schema)
+            with stats.phase("project"):
+                arrow[table] = projected.drop(*keep).toArrow()
+        with stats.phase("failed"):
+            self._fail(failed, stats)
         if not arrow:
             destination.write_batch(self.dest.id, batch_id, {})
             return
         try:
-            destination.write_batch(self.dest.id, batch_id, arrow)
+            with stats.phase("write"):
+                destination.write_batch(self.dest.id, batch_id, arrow)
         except TransientError:
             raise
         except Exception as exc:

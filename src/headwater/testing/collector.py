@@ -56,6 +56,16 @@ def running_collector(
     finally:
         if collector.ready:
             running.stop()
+        # as asyncio.run does: end what the server left behind (for example aiohttp's lingering
+        # read of a body a slow client never finished) before the loop closes
+        asyncio.run_coroutine_threadsafe(_cancel_leftover_tasks(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(30)
         loop.close()
+
+
+async def _cancel_leftover_tasks() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -51,8 +51,9 @@ def decode(df: DataFrame, protobuf: Mapping[str, ProtobufType] | None = None) ->
         source_json = F.when(is_json, text)
     df = df.withColumn("_hw_json", F.try_parse_json(source_json))
     parsed = F.col("_hw_json")
-    kind = F.schema_of_variant(parsed)
-    is_object = F.coalesce(kind.startswith("OBJECT"), F.lit(False))
+    kind = F.schema_of_variant(parsed)  # costly (the whole value's schema): errors only
+    # JSON text that parses and starts with "{" is an object (cheap, unlike asking the variant)
+    is_object = parsed.isNotNull() & F.ltrim(source_json, F.lit(" \t\r\n")).startswith("{")
     raw = F.to_variant_object(F.struct(F.base64(F.col("value")).alias(RAW_FIELD)))
     event = F.when(is_proto | is_json, F.when(is_object, parsed)).otherwise(raw)
     error = F.when(F.col(ERROR).isNotNull(), F.col(ERROR))
