@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import gzip
-import json
 import subprocess
 import sys
 import threading
@@ -345,17 +344,24 @@ def test_parquet_files_per_table_and_batch(request, tmp_path: Path) -> None:
 
 def test_jsonl_gz_archive_per_day(request, tmp_path: Path) -> None:
     d = open_kind(request, "files", tmp_path, format="jsonl.gz")
+    assert d.archives_events
     other_day = datetime(2024, 5, 2, 0, 0, 1, tzinfo=UTC)
-    d.write_batch("w", 0, {"events": rows(id=[1, 2], _timestamp=[AT, other_day])})
+    events = ['{"id":1,"user":{"name":"a"}}', '{"id":2,"tags":["x"]}']
+    d.write_batch("w", 0, {"events": rows(event=events, _timestamp=[AT, other_day])})
     root = tmp_path / "files" / "events"
     assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*.gz")) == [
         "2024-05-01/w-000000000000.jsonl.gz",
         "2024-05-02/w-000000000000.jsonl.gz",
     ]
     lines = gzip.decompress((root / "2024-05-02/w-000000000000.jsonl.gz").read_bytes())
-    assert [json.loads(x) for x in lines.splitlines()] == [
-        {"id": 2, "_timestamp": "2024-05-02T00:00:01+00:00"}
-    ]
+    assert lines == b'{"id":2,"tags":["x"]}\n'  # the event's own JSON, not flattened
+
+
+def test_jsonl_gz_archive_names_missing_columns(request, tmp_path: Path) -> None:
+    d = open_kind(request, "files", tmp_path, format="jsonl.gz")
+    with pytest.raises(DestinationError, match="lack _timestamp"):
+        d.write_batch("w", 0, {"events": rows(event=['{"id":1}'])})
+    assert d.committed("w") is None
 
 
 def test_files_refuse_a_primary_key(request, tmp_path: Path) -> None:

@@ -60,6 +60,10 @@ class TableSchema:
         return [c for name, c in self.columns.items() if name not in have]
 
 
+ARCHIVE_EVENT = "event"  # an archive's rows: the event's JSON text ...
+ARCHIVE_TIMESTAMP = "_timestamp"  # ... and its receive time (see Destination.archives_events)
+
+
 class DestinationError(TerminalError):
     code = "HW-DST-001"
 
@@ -73,6 +77,10 @@ class Destination(ABC):
 
     kind: ClassVar[str]
     dialect: Dialect
+    # True for archives: each table's rows are the events themselves, two columns (``event``:
+    # the event's JSON text after context enrichment, ``_timestamp``: its receive time), not
+    # flattened and typed columns; ``table`` and ``ensure_table`` are then not called
+    archives_events: bool = False
 
     @abstractmethod
     def table(self, name: str) -> TableSchema | None:

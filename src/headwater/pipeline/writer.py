@@ -8,7 +8,8 @@ For each micro-batch (``batch_id`` from the query's checkpoint) it:
 3. appends the events a step failed to the failed store (durably, before the write: a crash
    in between makes the same failed ids again, which the store shows once);
 4. per target table: infers the fields and their types, plans the columns against the table
-   as it is, patches the table (``ensure_table``), and converts the rows to Arrow;
+   as it is, patches the table (``ensure_table``), and converts the rows to Arrow (an archive,
+   ``Destination.archives_events``, takes the events' JSON after context enrichment instead);
 5. writes every table's rows and the batch id in one atomic step (``write_batch``); a write
    that fails as terminal sends the batch's events to the failed store instead, a transient
    failure raises so that Spark retries the batch (its offsets are not committed).
@@ -28,8 +29,9 @@ from pyspark.sql import functions as F
 
 from headwater.config.model import HeadwaterConfig
 from headwater.destinations import Destination, open_destination
+from headwater.destinations.base import ARCHIVE_EVENT, ARCHIVE_TIMESTAMP
 from headwater.errors import TransientError
-from headwater.pipeline.columns import ERROR, SOURCE_COLUMNS, TABLE, failure
+from headwater.pipeline.columns import ERROR, EVENT, SOURCE_COLUMNS, TABLE, failure, json_path
 from headwater.pipeline.config import DestinationConfig
 from headwater.pipeline.failed import FailedEvent, FailedStore, make_id, now_iso
 from headwater.pipeline.steps.context import enrich_context
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+ARCHIVED = "_hw_archive"
 WRITE_STEP = "write"
 WRITE_FAILED = "HW-PIPE-401"
 NULL_KEY = "HW-PIPE-402"
@@ -71,11 +74,16 @@ class BatchStats:
             self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - started
 
 
-def process(df: DataFrame, config: HeadwaterConfig, dest: DestinationConfig) -> DataFrame:
-    """The steps up to routing and mapping, as one DataFrame -> DataFrame function."""
+def process(
+    df: DataFrame, config: HeadwaterConfig, dest: DestinationConfig, *, archive: bool = False
+) -> DataFrame:
+    """The steps up to routing and mapping, as one DataFrame -> DataFrame function; with
+    ``archive``, ``_hw_archive`` keeps each event's JSON as it was after context enrichment."""
     pipeline = config.pipeline
     out = decode(df, pipeline.protobuf or None)
     out = enrich_context(out)
+    if archive:
+        out = out.withColumn(ARCHIVED, F.to_json(F.col(EVENT)))
     out = apply_lookups(out, list(dest.enrichment), pipeline.geoip_database)
     out = route(out, dest.table_name_template)
     return apply_mapping(out, dest.mapping)
@@ -113,7 +121,8 @@ class DestinationWriter:
             stats.replayed_batch = True
             self.last = stats
             return
-        events = process(df, self.config, self.dest).persist()
+        archive = destination.archives_events
+        events = process(df, self.config, self.dest, archive=archive).persist()
         try:
             self._write(events, batch_id, destination, stats)
         finally:
@@ -156,6 +165,10 @@ class DestinationWriter:
         for name in tables:
             rows = events.where(F.col(ERROR).isNull() & (F.col(TABLE) == name))
             table = dialect.normalize(name)
+            if destination.archives_events:
+                with stats.phase("project"):
+                    arrow[table] = archived(rows).toArrow()
+                continue
             with stats.phase("infer"):
                 fields = infer_fields(rows)
             existing = destination.table(table)
@@ -210,6 +223,13 @@ class DestinationWriter:
         events = [_failed_event(self.dest.id, r.asDict(), at) for r in rows]
         self.failed.append(events)
         stats.failed += len(events)
+
+
+def archived(rows: DataFrame) -> DataFrame:
+    """An archive's rows (``Destination.archives_events``): the event's JSON after context
+    enrichment and its receive time."""
+    at = F.try_variant_get(F.col(EVENT), json_path(("_timestamp",)), "timestamp")
+    return rows.select(F.col(ARCHIVED).alias(ARCHIVE_EVENT), at.alias(ARCHIVE_TIMESTAMP))
 
 
 def _failed_event(destination: str, row: dict[str, Any], at: str) -> FailedEvent:

@@ -1,8 +1,11 @@
 """Files (``path``, default ``<data_dir>/files/<id>``): Parquet per table, or the seed's
 archive, JSON lines gzip'd per day (``format: jsonl.gz``).
 
-Layout: ``<table>/<writer>-<batch>.parquet``, or ``<table>/<YYYY-MM-DD>/<writer>-<batch>.jsonl.gz``
-by the UTC day of each row's ``_timestamp`` (else the day it is written). Every file is written
+Layout: ``<table>/<writer>-<batch>.parquet`` (flattened, typed rows), or
+``<table>/<YYYY-MM-DD>/<writer>-<batch>.jsonl.gz``: the archive holds each event as it was
+after context enrichment, one JSON object per line, not flattened (seed 002's
+``events/archive``), in the folder of the UTC day of its ``_timestamp`` (else the day it is
+written). Every file is written
 under a temporary name and renamed into place, and the ledger (``_headwater_batches/<writer>``,
 the last batch written) is replaced after the batch's files: a replay after a crash writes the
 same names again, so nothing appears twice. Files only append: a primary key is refused.
@@ -18,12 +21,13 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import orjson
 import pyarrow.parquet as pq
 
 from headwater.destinations.base import (
+    ARCHIVE_EVENT,
+    ARCHIVE_TIMESTAMP,
     Column,
     Destination,
     DestinationError,
@@ -81,6 +85,7 @@ class FilesDestination(Destination):
     def __init__(self, root: Path, fmt: str, dialect: Dialect | None = None) -> None:
         self.root = root
         self.format = fmt
+        self.archives_events = fmt == "jsonl.gz"
         self.dialect = dialect or DuckDBDialect()  # names as a later DuckDB/Spark read wants
         root.mkdir(parents=True, exist_ok=True)
 
@@ -137,12 +142,20 @@ class FilesDestination(Destination):
 
     @staticmethod
     def _jsonl(folder: Path, stem: str, rows: pa.Table) -> None:
+        """``rows``: ``event`` (JSON text) and ``_timestamp``, as ``archives_events`` says."""
+        missing = {ARCHIVE_EVENT, ARCHIVE_TIMESTAMP} - set(rows.column_names)
+        if missing:
+            raise DestinationError(
+                f"files: a jsonl.gz archive takes the events' JSON ({ARCHIVE_EVENT}) and their "
+                f"{ARCHIVE_TIMESTAMP}; the rows lack {', '.join(sorted(missing))}"
+            )
         today = datetime.now(UTC).date().isoformat()
         days: dict[str, list[bytes]] = {}
-        for row in rows.to_pylist():
-            at: Any = row.get("_timestamp")
+        events = rows.column(ARCHIVE_EVENT).to_pylist()
+        times = rows.column(ARCHIVE_TIMESTAMP).to_pylist()
+        for text, at in zip(events, times, strict=True):
             day = at.astimezone(UTC).date().isoformat() if isinstance(at, datetime) else today
-            days.setdefault(day, []).append(orjson.dumps(row, option=orjson.OPT_NAIVE_UTC))
+            days.setdefault(day, []).append(text.encode())
         for day, lines in days.items():
             data = gzip.compress(b"\n".join(lines) + b"\n", mtime=0)
             _replace(folder / day / f"{stem}.jsonl.gz", data)
