@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from headwater.collector.deadline import TIMEOUT_RESPONSE, HeadDeadline
 from headwater.collector.errors import Rejected
@@ -205,6 +205,7 @@ class CollectorServer:
             conn = self.collector.open_connection(headers, request.remote or "")
         except Rejected as e:
             return await self._refuse_socket(request, e)
+        del headers  # not kept for the connection's life
         ws = web.WebSocketResponse(
             autoping=False, max_msg_size=self.collector.config.limits.max_frame_bytes
         )
@@ -228,27 +229,29 @@ class CollectorServer:
         return ws
 
     async def _serve_socket(self, sock: _Socket) -> None:
-        ws = sock.ws
-        while True:
-            msg = await ws.receive()
-            sock.last_seen = time.monotonic()
-            kind = msg.type
-            if kind is WSMsgType.BINARY or kind is WSMsgType.TEXT:
-                await sock.slots.acquire()
-                task = asyncio.create_task(self._answer(sock, msg.data))
-                sock.in_flight.add(task)
-                task.add_done_callback(sock.in_flight.discard)
-            elif kind is WSMsgType.PING:
-                await ws.pong(msg.data)
-            elif kind is WSMsgType.PONG:
-                continue
-            elif kind is WSMsgType.ERROR:
-                self._note_error(sock, ws.exception())
-                break
-            else:  # CLOSE, CLOSING, CLOSED
-                break
+        while await self._frame(sock, await sock.ws.receive()):
+            pass
         if sock.in_flight:  # the client went away: let its requests finish (they are stored)
             await asyncio.wait(list(sock.in_flight))
+
+    async def _frame(self, sock: _Socket, msg: WSMessage) -> bool:
+        """Handle one frame; False when the connection is over. (The frame is not kept while
+        the connection waits for the next: an idle connection holds no batch.)"""
+        sock.last_seen = time.monotonic()
+        kind = msg.type
+        if kind is WSMsgType.BINARY or kind is WSMsgType.TEXT:
+            await sock.slots.acquire()
+            task = asyncio.create_task(self._answer(sock, msg.data))
+            sock.in_flight.add(task)
+            task.add_done_callback(sock.in_flight.discard)
+        elif kind is WSMsgType.PING:
+            await sock.ws.pong(msg.data)
+        elif kind is WSMsgType.ERROR:
+            self._note_error(sock, sock.ws.exception())
+            return False
+        elif kind is not WSMsgType.PONG:  # CLOSE, CLOSING, CLOSED
+            return False
+        return True
 
     def _note_error(self, sock: _Socket, error: BaseException | None) -> None:
         reason = str(error) if error else "unknown"

@@ -34,6 +34,11 @@ _DEFAULTS = {
     "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
 }
 
+# Local mode runs everything in the driver's JVM: Spark's default 1 GiB heap is too small for
+# micro-batches of a few hundred thousand events (persisted batch plus its Arrow results; a
+# 250k-event batch failed with TaskResultLost). The heap grows only as far as it is used.
+_LOCAL_DEFAULTS = {"spark.driver.memory": "4g"}
+
 
 def spark_session(config: SparkConfig, app_name: str = "headwater") -> SparkSession:
     """The process's SparkSession (created on first use, then reused)."""
@@ -45,7 +50,8 @@ def spark_session(config: SparkConfig, app_name: str = "headwater") -> SparkSess
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         builder = SparkSession.builder.master(config.master).appName(app_name)
-        for key, value in {**_DEFAULTS, **config.conf}.items():
+        defaults = {**_DEFAULTS, **(_LOCAL_DEFAULTS if config.master.startswith("local") else {})}
+        for key, value in {**defaults, **config.conf}.items():
             builder = builder.config(key, value)
         if POSTGRES_JDBC_JAR.exists() and "spark.jars" not in config.conf:
             builder = builder.config("spark.jars", str(POSTGRES_JDBC_JAR))

@@ -36,7 +36,7 @@ from headwater.pipeline.config import DestinationConfig
 from headwater.pipeline.failed import FailedEvent, FailedStore, make_id, now_iso
 from headwater.pipeline.steps.context import enrich_context
 from headwater.pipeline.steps.decode import decode
-from headwater.pipeline.steps.flatten import infer_fields
+from headwater.pipeline.steps.flatten import infer_fields, merged_schema
 from headwater.pipeline.steps.lookup_rules import apply_lookups
 from headwater.pipeline.steps.mapping import apply_mapping, explicit_types
 from headwater.pipeline.steps.routing import route
@@ -155,10 +155,15 @@ class DestinationWriter:
         pk = tuple(dialect.normalize(c) for c in self.dest.primary_key)
         explicit = explicit_types(self.dest.mapping)
         with stats.phase("steps"):  # the steps run here, into the persisted batch
-            counts = events.groupBy(F.col(ERROR).isNull().alias("ok"), TABLE).count().collect()
+            counts = (
+                events.groupBy(F.col(ERROR).isNull().alias("ok"), TABLE)
+                .agg(F.count(F.lit(1)).alias("count"), merged_schema().alias("schema"))
+                .collect()
+            )
         stats.rows = sum(r["count"] for r in counts)
         stats.skipped = sum(r["count"] for r in counts if r["ok"] and not r[TABLE])
         tables = sorted({r[TABLE] for r in counts if r["ok"] and r[TABLE]})
+        schemas = {r[TABLE]: r["schema"] for r in counts if r["ok"] and r[TABLE]}
         failed = events.where(F.col(ERROR).isNotNull())
         arrow: dict[str, pa.Table] = {}
         keep = (*SOURCE_COLUMNS, ERROR)
@@ -170,7 +175,7 @@ class DestinationWriter:
                     arrow[table] = archived(rows).toArrow()
                 continue
             with stats.phase("infer"):
-                fields = infer_fields(rows)
+                fields = infer_fields(rows, schemas[name])
             existing = destination.table(table)
             plans = plan_columns(fields, dialect, existing, explicit)
             schema = target_schema(table, plans, pk)

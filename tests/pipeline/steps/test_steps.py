@@ -77,6 +77,37 @@ def test_context_fields_come_from_headers_and_win_over_the_client(spark):
     assert [str(r[0]) for r in ts.collect()] == ["2024-05-01 12:00:00"] * 2
 
 
+def test_context_by_either_path_gives_the_same_event(spark):
+    """Fields added to the JSON text (the fast path) or set one by one (the client sent a
+    context field itself, or its own eventn_ctx object) give the same result."""
+    values = [
+        "{}",
+        ' \n{ "a" : 1 }\t',
+        {"a": 1, "note": 'says "eventn_ctx" and "event_type" in a value'},
+        {"a": 1, "eventn_ctx": {"mine": True, "event_id": "client's"}},
+        {"a": 1, "src": "client's"},
+        {"a": 1, "event_type": "own"},
+    ]
+    got = events(enrich_context(decode(batch(spark, values, headers={"user-agent": "ua/1"}))))
+    context = {
+        "source_ip": "81.2.69.142",
+        "api_key": "web",
+        "src": "segment",
+        "_timestamp": "2024-05-01T12:00:00.000000Z",
+    }
+    assert got[0] == {
+        **context,
+        "event_type": "track",
+        "eventn_ctx": {"event_id": "ev-0", "user_agent": "ua/1"},
+    }
+    assert got[1] == {**got[0], "a": 1, "eventn_ctx": {"event_id": "ev-1", "user_agent": "ua/1"}}
+    assert got[2]["note"] == values[2]["note"] and got[2]["event_type"] == "track"
+    assert got[2]["eventn_ctx"] == {"event_id": "ev-2", "user_agent": "ua/1"}
+    assert got[3]["eventn_ctx"] == {"mine": True, "event_id": "ev-3", "user_agent": "ua/1"}
+    assert got[4]["src"] == "segment" and got[4]["_timestamp"] == context["_timestamp"]
+    assert got[5]["event_type"] == "own" and got[5]["source_ip"] == context["source_ip"]
+
+
 def test_context_leaves_failed_rows_alone(spark):
     df = enrich_context(decode(batch(spark, ["nope"])))
     assert events(df) == [None]

@@ -6,6 +6,9 @@
 - Other bytes that are a JSON object are taken as one (Raccoon clients often put JSON in
   ``event_bytes``, which arrive labelled ``application/x-protobuf``).
 - Anything else is kept as bytes: ``{"_raw_base64": "<the bytes, base64>"}``.
+
+Events decoded from JSON text (or protobuf's JSON form) keep that text in ``_hw_json_text``
+for the context step, which adds its fields to the text and parses once (see there).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from headwater.bus import context
-from headwater.pipeline.columns import ERROR, ERROR_TYPE, EVENT, failure, header
+from headwater.pipeline.columns import ERROR, ERROR_TYPE, EVENT, JSON_TEXT, failure, header
 
 if TYPE_CHECKING:
     from headwater.pipeline.config import ProtobufType
@@ -73,5 +76,10 @@ def decode(df: DataFrame, protobuf: Mapping[str, ProtobufType] | None = None) ->
             F.concat(F.lit("the JSON value is not an object but "), F.lower(F.split(kind, "<")[0])),
         ),
     )
-    out = df.withColumn(EVENT, event).withColumn(ERROR, error).drop("_hw_json")
+    out = (
+        df.withColumn(EVENT, event)
+        .withColumn(ERROR, error)
+        .withColumn(JSON_TEXT, F.when(is_object & F.col(ERROR).isNull(), source_json))
+        .drop("_hw_json")
+    )
     return out.drop("_hw_proto") if protobuf else out

@@ -159,13 +159,21 @@ def row_kind(path: Path) -> Column:
     return F.split(F.schema_of_variant(value_at(path)), "<")[0]
 
 
-def infer_fields(df: DataFrame) -> list[Field]:
-    """The batch's leaf fields and their types (see the module's docstring)."""
+def merged_schema() -> Column:
+    """The aggregate ``infer_fields`` starts from (callers may compute it along with others)."""
+    return F.schema_of_variant_agg(F.col(EVENT))
+
+
+def infer_fields(df: DataFrame, schema: str | None = None) -> list[Field]:
+    """The batch's leaf fields and their types (see the module's docstring); ``schema``: the
+    rows' ``merged_schema()`` when already computed."""
     rows = df.where(F.col(EVENT).isNotNull())
-    schema = rows.agg(F.schema_of_variant_agg(F.col(EVENT))).first()
-    if schema is None or schema[0] is None:
+    if schema is None:
+        first = rows.agg(merged_schema()).first()
+        schema = None if first is None else first[0]
+    if schema is None:
         return []
-    root = parse_schema(schema[0])
+    root = parse_schema(schema)
     if root.kind != "OBJECT":
         return []
     candidates = _candidates(root)
