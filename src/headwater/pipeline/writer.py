@@ -197,8 +197,9 @@ class DestinationWriter:
                     destination.ensure_table(schema)
             with stats.phase("project"):
                 arrow[table] = projected.drop(*keep).toArrow()
-        with stats.phase("failed"):
-            self._fail(failed, stats)
+        if pk or any(not r["ok"] for r in counts):  # else there is nothing to collect
+            with stats.phase("failed"):
+                self._fail(failed, stats)
         if not arrow:
             destination.write_batch(self.dest.id, batch_id, {})
             return

@@ -114,3 +114,23 @@ def test_closed_segment_without_index_is_rebuilt(open_log: OpenLog, tmp_path: Pa
         index.unlink()
     bus = open_log(default_partitions=1, segment_bytes=4096)
     assert [r.offset for r in bus.read("t", 0, 0, max_records=1000)] == list(range(400))
+
+
+@pytest.mark.parametrize("chunk", [fmt.HEADER_SIZE + 1, 97, 200, 333])
+def test_scanning_in_chunks_reads_batch_headers_that_straddle_a_chunk_end(
+    open_log: OpenLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Recovery and read-only tails scan segments in chunks; wherever a chunk ends (inside a
+    header, inside a body, on a boundary), every batch is found."""
+    from headwater.bus.embedded import segment
+
+    bus = open_log(default_partitions=1)
+    _fill(bus, 20, per=3)
+    _crash(bus)
+    monkeypatch.setattr(segment, "SCAN_CHUNK", chunk)
+    reader = open_log(read_only=True, default_partitions=1)
+    assert reader.watermarks("t", 0) == (0, 60)
+    reader.close()
+    bus = open_log(default_partitions=1)  # recovery scans the active segment
+    assert bus.watermarks("t", 0) == (0, 60)
+    assert [r.value for r in bus.read("t", 0, 0, max_records=100)][-1] == b"19-2" * 5

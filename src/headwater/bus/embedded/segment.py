@@ -186,6 +186,8 @@ class Segment:
             chunk = self.pread(min(SCAN_CHUNK, end - pos), pos)
             at = 0
             while at < len(chunk):
+                if at and len(chunk) - at < fmt.HEADER_SIZE:
+                    break  # the next header straddles the chunk's end: read on from it
                 try:
                     header = fmt.parse_header(chunk, at, end - pos - at)
                 except fmt.BadBatch as e:
