@@ -4,6 +4,7 @@ Run from the repository root (dlt is a bench-only dependency: ``pip install -e '
 
     .venv/bin/python bench/pipeline.py                 # 1M events; several minutes
     .venv/bin/python bench/pipeline.py --events 200000 --stream-seconds 20   # a smaller run
+    .venv/bin/python bench/pipeline.py --skip-batch --stream-seconds 60   # stream latency only
     .venv/bin/python bench/pipeline.py --format json
 
 What it measures, in one run, on this machine (Spark ``local[2]``):
@@ -19,9 +20,11 @@ What it measures, in one run, on this machine (Spark ``local[2]``):
    ``dlt`` (``dlt.pipeline(destination="duckdb").run(...)``), which also flattens, types and
    evolves the schema; events/s, and headwater / dlt as a ratio.
 3. **Stream mode latency.** The destination in ``mode: stream`` (trigger every
-   ``--trigger-s``) while this script appends events at a steady ``--rate`` (default 5k/s)
-   for ``--stream-seconds``; a poller finds each event's row in DuckDB and records
-   receive time -> row visible. p50/p95/p99.
+   ``--trigger-s``) while this script appends events at a steady ``--rate`` (default 5k/s):
+   ``--stream-warmup-s`` of load first (Spark compiles the query's code during its first
+   micro-batches, which takes ~15 s here and is not the steady state), then
+   ``--stream-seconds`` measured; a poller finds each measured event's row in DuckDB and
+   records append time -> row visible. p50/p95/p99.
 
 Targets (issue 4): >= 100k events/s in batch mode, >= 3x dlt, stream p95 <= 5 s.
 """
@@ -55,10 +58,8 @@ from headwater.bus import context as ctx
 from headwater.config.model import HeadwaterConfig
 
 TOPIC = "events-track"
-POLL_SQL = (
-    "select eventn_ctx_event_id from events "
-    "where cast(substr(eventn_ctx_event_id, 4) as bigint) > ?"
-)
+# new rows since the last poll (rows are only appended, so rowids grow; a rowid filter is cheap)
+POLL_SQL = "select rowid, eventn_ctx_event_id from events where rowid > ?"
 PAGES = ["/", "/pricing", "/docs", "/blog/launch", "/signup", "/checkout", "/account"]
 EVENTS = ["Page Viewed", "Product Clicked", "Added To Cart", "Checkout Started", "Signed Up"]
 BROWSERS = [
@@ -273,7 +274,7 @@ def run_dlt(directory: Path, values: list[dict[str, Any]]) -> dict[str, Any] | N
 
 
 def run_stream(
-    spark: Any, directory: Path, rate: float, seconds: float, trigger_s: float
+    spark: Any, directory: Path, rate: float, seconds: float, trigger_s: float, warmup_s: float
 ) -> dict[str, Any]:
     import duckdb
 
@@ -285,7 +286,10 @@ def run_stream(
     pipeline = Pipeline(config, spark)
     sent: dict[str, float] = {}
     seen: dict[str, float] = {}
-    progress(f"stream mode: {rate:,.0f} events/s for {seconds:g} s, trigger {trigger_s:g} s")
+    progress(
+        f"stream mode: {rate:,.0f} events/s for {warmup_s:g} s of warm-up, then {seconds:g} s "
+        f"measured, trigger {trigger_s:g} s"
+    )
     with open_bus(config) as bus:
         pipeline.start()
         stop = threading.Event()
@@ -299,17 +303,18 @@ def run_stream(
                 except duckdb.Error:
                     got = []
                 now = time.time()
-                for (eid,) in got:
+                for rowid, eid in got:
                     seen.setdefault(eid, now)
-                    last = max(last, int(eid[3:]))
-                stop.wait(0.05)
+                    last = max(last, rowid)
+                stop.wait(0.1)
 
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
-        source = messages(int(rate * seconds) + 1, seed=11)
+        source = messages(int(rate * (seconds + warmup_s)) + 1, seed=11)
         t0 = time.time()
+        measured_from = t0 + warmup_s
         i = 0
-        while time.time() - t0 < seconds:
+        while time.time() - t0 < seconds + warmup_s:
             due = int((time.time() - t0) * rate) - i
             chunk = []
             for _ in range(max(0, due)):
@@ -317,14 +322,15 @@ def run_stream(
                 chunk.append(message)
             if chunk:
                 now = time.time()
-                for m in chunk:
-                    sent[dict(m.headers)[ctx.EVENT_ID].decode()] = now
+                if now >= measured_from:
+                    for m in chunk:
+                        sent[dict(m.headers)[ctx.EVENT_ID].decode()] = now
                 bus.append(TOPIC, chunk).result()
                 i += len(chunk)
             time.sleep(0.01)
         deadline = time.time() + 60
-        while len(seen) < len(sent) and time.time() < deadline:
-            time.sleep(0.2)
+        while any(e not in seen for e in sent) and time.time() < deadline:
+            time.sleep(0.5)
         stop.set()
         poller.join()
         pipeline.stop()
@@ -332,8 +338,9 @@ def run_stream(
     return {
         "rate": rate,
         "seconds": seconds,
+        "warmup_s": warmup_s,
         "sent": len(sent),
-        "seen": len(seen),
+        "seen": sum(1 for e in sent if e in seen),
         "p50_s": percentile(latencies, 50) if latencies else None,
         "p95_s": percentile(latencies, 95) if latencies else None,
         "p99_s": percentile(latencies, 99) if latencies else None,
@@ -346,6 +353,14 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=5000.0)
     parser.add_argument("--stream-seconds", type=float, default=30.0)
     parser.add_argument("--trigger-s", type=float, default=1.0)
+    parser.add_argument(
+        "--stream-warmup-s",
+        type=float,
+        default=30.0,
+        help="stream mode: seconds of load before the measured window (Spark compiles the "
+        "query's code in its first micro-batches; a cold start is not the steady state)",
+    )
+    parser.add_argument("--skip-batch", action="store_true")
     parser.add_argument("--skip-dlt", action="store_true")
     parser.add_argument("--skip-stream", action="store_true")
     parser.add_argument("--dir", type=Path, default=None)
@@ -361,14 +376,19 @@ def main() -> None:
     try:
         progress("starting Spark (local[2])")
         spark = spark_session(SparkConfig(master="local[2]"), app_name="headwater-bench")
-        batch = run_batch(spark, root / "batch", args.events)
-        out["batch"] = batch
-        values = [e for e, _ in messages(args.events)] if not args.skip_dlt else []
-        out["dlt"] = None if args.skip_dlt else run_dlt(root / "dlt", values)
-        del values
+        if not args.skip_batch:
+            out["batch"] = run_batch(spark, root / "batch", args.events)
+            values = [e for e, _ in messages(args.events)] if not args.skip_dlt else []
+            out["dlt"] = None if args.skip_dlt else run_dlt(root / "dlt", values)
+            del values
         if not args.skip_stream:
             out["stream"] = run_stream(
-                spark, root / "stream", args.rate, args.stream_seconds, args.trigger_s
+                spark,
+                root / "stream",
+                args.rate,
+                args.stream_seconds,
+                args.trigger_s,
+                args.stream_warmup_s,
             )
     finally:
         if not args.keep:
@@ -380,42 +400,45 @@ def main() -> None:
 
 
 def report(out: dict[str, Any]) -> None:
-    b = out["batch"]
     print(f"machine: {out['machine']}")
-    rows = [
-        [
-            "headwater batch (DuckDB)",
-            fmt_number(b["events_per_s"]),
-            f"{b['seconds']:.1f}",
-            f"{b['peak_rss_bytes'] / 2**20:,.0f}",
-            f"{b['rows']:,} rows, {b['columns']} columns, {b['batches']} micro-batches",
-        ]
-    ]
-    print(
-        "where the batch time goes (seconds, summed over micro-batches): "
-        + ", ".join(f"{k} {v:.1f}" for k, v in b["phases_s"].items())
-    )
+    b = out.get("batch")
     d = out.get("dlt")
-    if d:
-        rows.append(["dlt (DuckDB)", fmt_number(d["events_per_s"]), f"{d['seconds']:.1f}", "-", ""])
-    print(print_table(["case", "events/s", "seconds", "peak RSS MiB", "landed"], rows))
-    if d:
-        print(f"headwater / dlt: {b['events_per_s'] / d['events_per_s']:.2f}x")
     s = out.get("stream")
+    targets = []
+    if b:
+        rows = [
+            [
+                "headwater batch (DuckDB)",
+                fmt_number(b["events_per_s"]),
+                f"{b['seconds']:.1f}",
+                f"{b['peak_rss_bytes'] / 2**20:,.0f}",
+                f"{b['rows']:,} rows, {b['columns']} columns, {b['batches']} micro-batches",
+            ]
+        ]
+        print(
+            "where the batch time goes (seconds, summed over micro-batches): "
+            + ", ".join(f"{k} {v:.1f}" for k, v in b["phases_s"].items())
+        )
+        if d:
+            rows.append(
+                ["dlt (DuckDB)", fmt_number(d["events_per_s"]), f"{d['seconds']:.1f}", "-", ""]
+            )
+        print(print_table(["case", "events/s", "seconds", "peak RSS MiB", "landed"], rows))
+        targets.append(
+            ("batch >= 100k events/s", b["events_per_s"] >= 100_000, fmt_number(b["events_per_s"]))
+        )
+        if d:
+            ratio = b["events_per_s"] / d["events_per_s"]
+            print(f"headwater / dlt: {ratio:.2f}x")
+            targets.append(("batch >= 3x dlt", ratio >= 3, f"{ratio:.2f}x"))
     if s:
         print(
-            f"stream mode at {s['rate']:,.0f} events/s for {s['seconds']:g} s: {s['seen']:,} of "
-            f"{s['sent']:,} rows seen; receive -> visible p50 {s['p50_s']:.2f} s, "
-            f"p95 {s['p95_s']:.2f} s, p99 {s['p99_s']:.2f} s"
+            f"stream mode at {s['rate']:,.0f} events/s, {s['seconds']:g} s measured after "
+            f"{s['warmup_s']:g} s of warm-up: {s['seen']:,} of {s['sent']:,} rows seen; receive "
+            f"-> visible p50 {s['p50_s']:.2f} s, p95 {s['p95_s']:.2f} s, p99 {s['p99_s']:.2f} s"
         )
-    targets = [
-        ("batch >= 100k events/s", b["events_per_s"] >= 100_000, fmt_number(b["events_per_s"])),
-    ]
-    if d:
-        ratio = b["events_per_s"] / d["events_per_s"]
-        targets.append(("batch >= 3x dlt", ratio >= 3, f"{ratio:.2f}x"))
-    if s and s["p95_s"] is not None:
-        targets.append(("stream p95 <= 5 s", s["p95_s"] <= 5, f"{s['p95_s']:.2f} s"))
+        if s["p95_s"] is not None:
+            targets.append(("stream p95 <= 5 s", s["p95_s"] <= 5, f"{s['p95_s']:.2f} s"))
     for name, ok, got in targets:
         print(f"  {'PASS' if ok else 'MISS'}  {name}: {got}")
 
