@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from headwater.config.model import HeadwaterConfig
@@ -36,14 +36,7 @@ from headwater.pipeline.config import DestinationConfig
 from headwater.pipeline.failed import FailedEvent, FailedStore, make_id, now_iso
 from headwater.pipeline.steps.context import enrich_context
 from headwater.pipeline.steps.decode import decode
-from headwater.pipeline.steps.flatten import (
-    Probe,
-    candidates,
-    infer_fields,
-    merged_schema,
-    probe_name,
-    probes_for,
-)
+from headwater.pipeline.steps.flatten import infer_fields, merged_schema
 from headwater.pipeline.steps.lookup_rules import apply_lookups
 from headwater.pipeline.steps.mapping import apply_mapping, explicit_types
 from headwater.pipeline.steps.routing import route
@@ -55,7 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ARCHIVED = "_hw_archive"
-MAX_EXPECTED_PROBES = 500  # probes carried to the next batch's first job
 WRITE_STEP = "write"
 WRITE_FAILED = "HW-PIPE-401"
 NULL_KEY = "HW-PIPE-402"
@@ -108,9 +100,6 @@ class DestinationWriter:
         self.written = 0
         self.failed_events = 0
         self.phases: dict[str, float] = {}  # seconds per phase, summed over batches
-        # the fields the last batch had: their probes are computed in the steps' own job, so
-        # that a batch like the last one needs no separate inference pass (new fields do)
-        self._expected: dict[Probe, Column] = {}
 
     @property
     def destination(self) -> Destination:
@@ -166,21 +155,15 @@ class DestinationWriter:
         pk = tuple(dialect.normalize(c) for c in self.dest.primary_key)
         explicit = explicit_types(self.dest.mapping)
         with stats.phase("steps"):  # the steps run here, into the persisted batch
-            expected = {} if destination.archives_events else self._expected
             counts = (
                 events.groupBy(F.col(ERROR).isNull().alias("ok"), TABLE)
-                .agg(
-                    F.count(F.lit(1)).alias("count"),
-                    merged_schema().alias("schema"),
-                    *[c.alias(probe_name(k)) for k, c in expected.items()],
-                )
+                .agg(F.count(F.lit(1)).alias("count"), merged_schema().alias("schema"))
                 .collect()
             )
         stats.rows = sum(r["count"] for r in counts)
         stats.skipped = sum(r["count"] for r in counts if r["ok"] and not r[TABLE])
         tables = sorted({r[TABLE] for r in counts if r["ok"] and r[TABLE]})
-        groups = {r[TABLE]: r for r in counts if r["ok"] and r[TABLE]}
-        seen: dict[Probe, Column] = {}
+        schemas = {r[TABLE]: r["schema"] for r in counts if r["ok"] and r[TABLE]}
         failed = events.where(F.col(ERROR).isNotNull())
         arrow: dict[str, pa.Table] = {}
         keep = (*SOURCE_COLUMNS, ERROR)
@@ -192,10 +175,7 @@ class DestinationWriter:
                     arrow[table] = archived(rows).toArrow()
                 continue
             with stats.phase("infer"):
-                group = groups[name]
-                answered = {k: group[probe_name(k)] for k in expected}
-                fields = infer_fields(rows, group["schema"], answered)
-                seen.update(probes_for(candidates(group["schema"])))
+                fields = infer_fields(rows, schemas[name])
             existing = destination.table(table)
             plans = plan_columns(fields, dialect, existing, explicit)
             schema = target_schema(table, plans, pk)
@@ -217,8 +197,6 @@ class DestinationWriter:
                     destination.ensure_table(schema)
             with stats.phase("project"):
                 arrow[table] = projected.drop(*keep).toArrow()
-        if not destination.archives_events:
-            self._expected = dict(list(seen.items())[:MAX_EXPECTED_PROBES])
         if pk or any(not r["ok"] for r in counts):  # else there is nothing to collect
             with stats.phase("failed"):
                 self._fail(failed, stats)

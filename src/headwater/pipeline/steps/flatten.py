@@ -2,10 +2,7 @@
 
 ``infer_fields(df)`` looks at the batch (one aggregation for the merged schema of every event,
 ``schema_of_variant_agg``, and one more for what a schema cannot tell: whether text fields hold
-timestamps, and which types a field of mixed types holds) and returns one ``Field`` per leaf.
-Callers may compute both ahead, in a job of their own (``merged_schema``, ``probes_for``):
-the writer does, for the fields the previous batch had, so a batch like the last one needs no
-inference pass of its own.
+timestamps, and which types a field of mixed types holds) and returns one ``Field`` per leaf:
 
 - nested objects become ``parent_child`` names (``("user", "address", "city")``);
 - arrays, and fields that are an object in some events and a value in others, are stored as
@@ -20,11 +17,8 @@ inference pass of its own.
 
 from __future__ import annotations
 
-import hashlib
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -170,74 +164,49 @@ def merged_schema() -> Column:
     return F.schema_of_variant_agg(F.col(EVENT))
 
 
-Probe = tuple[Path, str]  # (path, candidate kind): what an aggregate probe answers
-
-
-def candidates(schema: str | None) -> list[_Candidate]:
-    """The leaf fields a merged schema (``merged_schema()``) shows."""
+def infer_fields(df: DataFrame, schema: str | None = None) -> list[Field]:
+    """The batch's leaf fields and their types (see the module's docstring); ``schema``: the
+    rows' ``merged_schema()`` when already computed."""
+    rows = df.where(F.col(EVENT).isNotNull())
+    if schema is None:
+        first = rows.agg(merged_schema()).first()
+        schema = None if first is None else first[0]
     if schema is None:
         return []
     root = parse_schema(schema)
-    return _candidates(root) if root.kind == "OBJECT" else []
-
-
-def probe_name(probe: Probe) -> str:
-    """A stable column name for a probe's aggregate."""
-    return "_hw_probe_" + hashlib.sha1(repr(probe).encode()).hexdigest()[:16]
-
-
-def probes_for(found: list[_Candidate]) -> dict[Probe, Column]:
-    """The aggregates ``fields_from`` needs for ``found``: for text fields whether every value
-    is an ISO timestamp, for mixed fields which kinds of value they hold."""
-    out: dict[Probe, Column] = {}
-    for c in found:
-        key = (c.path, c.kind)
+    if root.kind != "OBJECT":
+        return []
+    candidates = _candidates(root)
+    probes: list[Column] = []
+    for i, c in enumerate(candidates):
         if c.kind == "string":
             text = F.try_variant_get(F.col(EVENT), json_path(c.path), "string")
-            out[key] = F.min(F.when(text.isNull(), True).otherwise(text.rlike(ISO_TIMESTAMP)))
+            probes.append(
+                F.min(F.when(text.isNull(), True).otherwise(text.rlike(ISO_TIMESTAMP))).alias(
+                    f"p{i}"
+                )
+            )
         elif c.kind == "mixed":
-            out[key] = F.collect_set(row_kind(c.path))
-    return out
-
-
-def fields_from(found: list[_Candidate], answers: Mapping[Probe, Any]) -> list[Field]:
-    """The fields, given each probe's answer (``probes_for``'s aggregates over the rows)."""
+            probes.append(F.collect_set(row_kind(c.path)).alias(f"p{i}"))
+    found = rows.agg(*probes).first() if probes else None
     fields: list[Field] = []
-    for c in found:
+    for i, c in enumerate(candidates):
         if c.kind == "scalar":
             assert c.type is not None
             fields.append(Field(c.path, c.type))
         elif c.kind == "json":
             fields.append(Field(c.path, ColumnType.STRING, json_text=True))
         elif c.kind == "string":
-            is_ts = bool(answers[(c.path, c.kind)])
+            assert found is not None
+            is_ts = bool(found[f"p{i}"])
             fields.append(Field(c.path, ColumnType.TIMESTAMP if is_ts else ColumnType.STRING))
         else:
-            field = _mixed(c.path, set(answers[(c.path, c.kind)] or []))
+            assert found is not None
+            kinds = set(found[f"p{i}"] or [])
+            field = _mixed(c.path, kinds)
             if field is not None:
                 fields.append(field)
     return fields
-
-
-def infer_fields(
-    df: DataFrame, schema: str | None = None, answered: Mapping[Probe, Any] | None = None
-) -> list[Field]:
-    """The batch's leaf fields and their types (see the module's docstring). ``schema``: the
-    rows' ``merged_schema()`` when already computed; ``answered``: probes already computed
-    over the same rows (only the others are aggregated here)."""
-    rows = df.where(F.col(EVENT).isNotNull())
-    if schema is None:
-        first = rows.agg(merged_schema()).first()
-        schema = None if first is None else first[0]
-    found = candidates(schema)
-    answers = dict(answered or {})
-    missing = {k: v for k, v in probes_for(found).items() if k not in answers}
-    if missing:
-        names = {k: probe_name(k) for k in missing}
-        row = rows.agg(*[c.alias(names[k]) for k, c in missing.items()]).first()
-        assert row is not None
-        answers.update({k: row[names[k]] for k in missing})
-    return fields_from(found, answers)
 
 
 def _mixed(path: Path, kinds: set[str]) -> Field | None:
