@@ -39,14 +39,13 @@ WS_PATH = "/api/v1/events"
 class _Socket:
     """A WebSocket connection's server-side state."""
 
-    __slots__ = ("conn", "in_flight", "last_seen", "slots", "ws")
+    __slots__ = ("conn", "in_flight", "last_seen", "ws")
 
     def __init__(self, ws: web.WebSocketResponse, conn: Connection) -> None:
         self.ws = ws
         self.conn = conn
         self.last_seen = time.monotonic()
         self.in_flight: set[asyncio.Task[None]] = set()
-        self.slots = asyncio.Semaphore(MAX_IN_FLIGHT)
 
 
 class CollectorServer:
@@ -240,7 +239,8 @@ class CollectorServer:
         sock.last_seen = time.monotonic()
         kind = msg.type
         if kind is WSMsgType.BINARY or kind is WSMsgType.TEXT:
-            await sock.slots.acquire()
+            while len(sock.in_flight) >= MAX_IN_FLIGHT:  # (no semaphore per connection: memory)
+                await asyncio.wait(sock.in_flight, return_when=asyncio.FIRST_COMPLETED)
             task = asyncio.create_task(self._answer(sock, msg.data))
             sock.in_flight.add(task)
             task.add_done_callback(sock.in_flight.discard)
@@ -271,8 +271,6 @@ class CollectorServer:
                     await sock.ws.send_bytes(response)
         except ConnectionError:
             pass  # the client left; what it sent was handled
-        finally:
-            sock.slots.release()
 
     async def _keepalive(self) -> None:
         cfg = self.collector.config.raccoon

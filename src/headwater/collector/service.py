@@ -11,7 +11,6 @@ import ipaddress
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -62,7 +61,9 @@ class Connection:
     source: str
     client_ip: str
     user_agent: str
-    recent: OrderedDict[str, asyncio.Future[None]] = field(default_factory=OrderedDict)
+    # req_guid -> the first attempt's outcome while it runs, None once it succeeded (a plain
+    # dict, oldest first: it stays small for the thousands of idle connections a server holds)
+    recent: dict[str, asyncio.Future[None] | None] = field(default_factory=dict)
 
 
 class Collector:
@@ -218,15 +219,16 @@ class Collector:
         if not req_guid or not window:
             await publish()
             return
-        earlier = conn.recent.get(req_guid)
-        if earlier is not None:
+        if req_guid in conn.recent:
             self.metrics.rejected("duplicate_request")
-            await asyncio.shield(earlier)  # the first attempt's outcome is this one's
+            earlier = conn.recent[req_guid]
+            if earlier is not None:
+                await asyncio.shield(earlier)  # the first attempt's outcome is this one's
             return
         outcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         conn.recent[req_guid] = outcome
         while len(conn.recent) > window:
-            conn.recent.popitem(last=False)
+            del conn.recent[next(iter(conn.recent))]
         try:
             await publish()
         except BaseException as e:
@@ -235,6 +237,8 @@ class Collector:
             outcome.exception()  # retrieved: nobody else may be waiting
             raise
         outcome.set_result(None)
+        if conn.recent.get(req_guid) is outcome:
+            conn.recent[req_guid] = None  # succeeded: the future is no longer needed
 
     # -- Raccoon over gRPC ------------------------------------------------------------------
     async def raccoon_grpc(self, data: bytes, metadata: Mapping[str, str], peer: str) -> bytes:
