@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 
 EVENT = "event"
 JSON_TEXT = "_hw_json_text"  # decode -> context: the JSON text an object event came from
+JSON_WHITESPACE = " \t\r\n"  # what JSON allows around values
 ERROR = "_hw_error"
 TABLE = "_hw_table"
 SOURCE_COLUMNS = (

@@ -85,9 +85,12 @@ class FilesDestination(Destination):
     def __init__(self, root: Path, fmt: str, dialect: Dialect | None = None) -> None:
         self.root = root
         self.format = fmt
-        self.archives_events = fmt == "jsonl.gz"
         self.dialect = dialect or DuckDBDialect()  # names as a later DuckDB/Spark read wants
         root.mkdir(parents=True, exist_ok=True)
+
+    @property  # type: ignore[override]
+    def archives_events(self) -> bool:
+        return self.format == "jsonl.gz"
 
     def table(self, name: str) -> TableSchema | None:
         path = self.root / name / SCHEMA_FILE

@@ -22,20 +22,31 @@ sent an ``eventn_ctx`` object, whose other fields must stay), the fields are set
 
 from __future__ import annotations
 
+import operator
+from functools import reduce
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from headwater.bus import context
-from headwater.pipeline.columns import EVENT, JSON_TEXT, header, json_path, with_event
+from headwater.pipeline.columns import (
+    EVENT,
+    JSON_TEXT,
+    JSON_WHITESPACE,
+    header,
+    json_path,
+    with_event,
+)
 
 SPLICED = "_hw_spliced"
+CTX = "eventn_ctx"
 
 FIELDS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("source_ip",), context.CLIENT_IP),
     (("api_key",), context.SOURCE),
     (("src",), context.PROTOCOL),
-    (("eventn_ctx", "event_id"), context.EVENT_ID),
-    (("eventn_ctx", "user_agent"), context.USER_AGENT),
+    ((CTX, "event_id"), context.EVENT_ID),
+    ((CTX, "user_agent"), context.USER_AGENT),
 )
 
 
@@ -50,30 +61,34 @@ def received_at() -> Column:
     return F.date_format(at, "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX")
 
 
+def _inner(obj: Column) -> Column:
+    """The text between an object's braces (``obj``: JSON object text without outer spaces)."""
+    return F.substring(obj, F.lit(2), F.length(obj) - 2)
+
+
+def _own(text: Column, key: str) -> Column:
+    """Whether the client's JSON text may hold ``key`` itself (a cheap test on the text)."""
+    return text.contains(f'"{key}"')
+
+
 def _spliced(text: Column) -> Column:
     """The event's JSON text with the context fields added; null when a field the text holds
     already would be a second key (parsing then fails and the fields are set one by one)."""
-    body = F.trim(text, F.lit(" \t\r\n"))
-    inner = F.substring(body, F.lit(2), F.length(body) - 2)
-    has_ctx = text.contains('"eventn_ctx"')
-    ctx = F.struct(
-        header(context.EVENT_ID).alias("event_id"), header(context.USER_AGENT).alias("user_agent")
-    )
+    top = [header(name).alias(path[0]) for path, name in FIELDS if len(path) == 1]
+    nested = {path[1]: header(name) for path, name in FIELDS if path[0] == CTX}
+    ctx = F.struct(*[value.alias(key) for key, value in nested.items()])
+    any_ctx = reduce(operator.or_, [value.isNotNull() for value in nested.values()])
     fields = F.struct(
-        header(context.CLIENT_IP).alias("source_ip"),
-        header(context.SOURCE).alias("api_key"),
-        header(context.PROTOCOL).alias("src"),
+        *top,
         received_at().alias("_timestamp"),
-        F.when(~has_ctx & (ctx["event_id"].isNotNull() | ctx["user_agent"].isNotNull()), ctx).alias(
-            "eventn_ctx"
-        ),
-        F.when(~text.contains('"event_type"'), header(context.TYPE)).alias("event_type"),
+        F.when(~_own(text, CTX) & any_ctx, ctx).alias(CTX),
+        F.when(~_own(text, "event_type"), header(context.TYPE)).alias("event_type"),
     )
-    added = F.to_json(fields)  # nulls are left out
-    added_inner = F.substring(added, F.lit(2), F.length(added) - 2)
+    inner = _inner(F.trim(text, F.lit(JSON_WHITESPACE)))
+    added = _inner(F.to_json(fields))  # nulls are left out
     parts = [
-        F.when(F.trim(inner, F.lit(" \t\r\n")) != "", inner),
-        F.when(added_inner != "", added_inner),
+        F.when(F.trim(inner, F.lit(JSON_WHITESPACE)) != "", inner),
+        F.when(added != "", added),
     ]
     return F.try_parse_json(F.concat(F.lit("{"), F.concat_ws(",", *parts), F.lit("}")))
 
@@ -87,9 +102,9 @@ def enrich_context(df: DataFrame) -> DataFrame:
         df = df.withColumn(SPLICED, _spliced(text))
         df = with_event(df, F.coalesce(F.col(SPLICED), F.col(EVENT)))
         done = F.col(SPLICED).isNotNull()
-        ctx_done = done & ~text.contains('"eventn_ctx"')
+        ctx_done = done & ~_own(text, CTX)
     for path, name in FIELDS:
-        finished = ctx_done if path[0] == "eventn_ctx" else done
+        finished = ctx_done if path[0] == CTX else done
         event = F.col(EVENT)
         df = with_event(df, F.when(finished, event).otherwise(set_if(event, path, header(name))))
     event = F.col(EVENT)

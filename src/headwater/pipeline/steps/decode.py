@@ -20,7 +20,15 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from headwater.bus import context
-from headwater.pipeline.columns import ERROR, ERROR_TYPE, EVENT, JSON_TEXT, failure, header
+from headwater.pipeline.columns import (
+    ERROR,
+    ERROR_TYPE,
+    EVENT,
+    JSON_TEXT,
+    JSON_WHITESPACE,
+    failure,
+    header,
+)
 
 if TYPE_CHECKING:
     from headwater.pipeline.config import ProtobufType
@@ -56,7 +64,7 @@ def decode(df: DataFrame, protobuf: Mapping[str, ProtobufType] | None = None) ->
     parsed = F.col("_hw_json")
     kind = F.schema_of_variant(parsed)  # costly (the whole value's schema): errors only
     # JSON text that parses and starts with "{" is an object (cheap, unlike asking the variant)
-    is_object = parsed.isNotNull() & F.ltrim(source_json, F.lit(" \t\r\n")).startswith("{")
+    is_object = parsed.isNotNull() & F.ltrim(source_json, F.lit(JSON_WHITESPACE)).startswith("{")
     raw = F.to_variant_object(F.struct(F.base64(F.col("value")).alias(RAW_FIELD)))
     event = F.when(is_proto | is_json, F.when(is_object, parsed)).otherwise(raw)
     error = F.when(F.col(ERROR).isNotNull(), F.col(ERROR))
