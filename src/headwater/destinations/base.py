@@ -16,6 +16,17 @@ flattened, named and typed (``headwater.destinations.types.ColumnType`` per colu
    fails because the table changed underneath (a column dropped or added by someone else), the
    destination refreshes its structure, patches and retries once.
 
+Executors write, the driver commits (issue 8): a Spark task calls ``stage(...)`` with its share
+of a micro-batch's rows, which puts them where the driver can take them from (Parquet files next
+to the database, an UNLOGGED staging table) and returns ``StagedPart``s, small enough to travel
+back in a commit message; the driver then calls ``commit_staged(...)``, which moves every listed
+part into its table and records the batch in the ledger in one atomic step. Staging never
+touches a target table or the ledger, and only the parts listed are committed, so a failed or
+speculative task attempt's staging is never visible: ``discard_staged`` removes what an aborted
+job staged, ``clean_staging`` what a crashed run left. Staged rows carry ``_hw_order``
+(``ORDER_COLUMN``), the rows' order in the batch: with a primary key the highest wins; it is not
+a column of the target table.
+
 Arrow column types per ``ColumnType``: BOOL ``bool``, INT64 ``int64``, FLOAT64 ``float64``,
 TIMESTAMP ``timestamp[us, tz=UTC]``, STRING ``string``.
 
@@ -27,10 +38,10 @@ Errors: ``TransientError`` subclasses for what a retry may fix (connection lost,
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from headwater.destinations.types import ColumnType
 from headwater.errors import TerminalError, TransientError
@@ -59,6 +70,25 @@ class TableSchema:
         have = existing.columns if existing is not None else {}
         return [c for name, c in self.columns.items() if name not in have]
 
+
+@dataclass(frozen=True)
+class StagedPart:
+    """One staged piece of a batch's rows, as a task reports it to the driver."""
+
+    table: str  # the target table
+    rows: int
+    ref: str  # where the rows wait: a file path, a staging table's name
+    task: str  # the task attempt that staged it (for logs)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StagedPart:
+        return cls(str(data["table"]), int(data["rows"]), str(data["ref"]), str(data["task"]))
+
+
+ORDER_COLUMN = "_hw_order"  # staged rows' order within the batch (see the module docstring)
 
 ARCHIVE_EVENT = "event"  # an archive's rows: the event's JSON text ...
 ARCHIVE_TIMESTAMP = "_timestamp"  # ... and its receive time (see Destination.archives_events)
@@ -94,6 +124,35 @@ class Destination(ABC):
     def write_batch(self, writer_id: str, batch_id: int, tables: Mapping[str, pa.Table]) -> bool:
         """Write every table's rows and record the batch, atomically; False when the batch
         was already recorded (nothing written)."""
+
+    def stage(
+        self, writer_id: str, batch_id: int, task: str, tables: Mapping[str, pa.Table]
+    ) -> list[StagedPart]:
+        """In a Spark task (another process, maybe another machine: nothing of the driver's
+        state is needed): put every table's rows (with ``ORDER_COLUMN``) in staging, under
+        names no other call uses, and say where. Never touches a target table or the ledger."""
+        raise NotImplementedError(f"{self.kind} destinations cannot stage rows in tasks")
+
+    def commit_staged(
+        self,
+        writer_id: str,
+        batch_id: int,
+        parts: Sequence[StagedPart],
+        schemas: Mapping[str, TableSchema],
+    ) -> bool:
+        """On the driver, in one atomic step: when the ledger already holds the batch, write
+        nothing and return False; else move every part's rows into its table (upserting on
+        ``schemas[table].primary_key``, the highest ``ORDER_COLUMN`` winning) and record the
+        batch. The parts' staging is removed either way."""
+        raise NotImplementedError(f"{self.kind} destinations cannot commit staged rows")
+
+    def discard_staged(self, writer_id: str, batch_id: int, parts: Sequence[StagedPart]) -> None:
+        """Remove the staging of parts that will not be committed (an aborted job)."""
+        raise NotImplementedError(f"{self.kind} destinations cannot stage rows in tasks")
+
+    def clean_staging(self, writer_id: str) -> None:
+        """Remove whatever staging a crashed run of ``writer_id`` left (a writer starting)."""
+        raise NotImplementedError(f"{self.kind} destinations cannot stage rows in tasks")
 
     @abstractmethod
     def committed(self, writer_id: str) -> int | None:

@@ -1,18 +1,36 @@
 """Arrow helpers every destination shares: the structure a batch implies, UTC timestamps,
-strict casts to a table's types, and the last-row-wins dedupe on a primary key."""
+strict casts to a table's types, and the last-row-wins dedupe on a primary key; and what staging
+destinations share (``Destination.stage``): unique part names, Parquet parts in a staging
+folder, and a SQL batch's transaction with its ledger row."""
 
 from __future__ import annotations
 
+import contextlib
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from headwater.destinations.base import Column, DestinationError, TableSchema
+from headwater.destinations.base import (
+    ORDER_COLUMN,
+    Column,
+    DestinationError,
+    DestinationUnavailable,
+    StagedPart,
+    TableSchema,
+)
 from headwater.destinations.types import ColumnType
 
 if TYPE_CHECKING:
     from headwater.destinations.dialect import Dialect
+    from headwater.destinations.sql import Session
+
+_UNSAFE = re.compile(r"[^0-9A-Za-z_.-]")
 
 ARROW_TYPES: dict[ColumnType, pa.DataType] = {
     ColumnType.BOOL: pa.bool_(),
@@ -83,3 +101,123 @@ def dedupe_last(table: pa.Table, keys: tuple[str, ...]) -> pa.Table:
     last = numbered.group_by(list(keys), use_threads=False).aggregate([("__hw_row", "max")])
     keep = pc.sort_indices(last.column("__hw_row_max"))
     return table.take(pc.take(last.column("__hw_row_max"), keep))
+
+
+# -- staging ----------------------------------------------------------------------------------
+def safe_name(text: str) -> str:
+    """``text`` usable as a file or table name part (writer ids, task names)."""
+    return _UNSAFE.sub("_", text) or "_"
+
+
+def part_name(task: str) -> str:
+    """A staged part's name: the task for logs, and a random suffix that no other call (a
+    retried or speculative attempt, the same task's next chunk) can have."""
+    return f"{uuid.uuid4().hex[:12]}-{safe_name(task)}"
+
+
+def by_table(parts: Sequence[StagedPart]) -> dict[str, list[StagedPart]]:
+    out: dict[str, list[StagedPart]] = {}
+    for part in parts:
+        out.setdefault(part.table, []).append(part)
+    return out
+
+
+def with_order(rows: pa.Table) -> pa.Table:
+    """``rows`` with ``ORDER_COLUMN``: their positions when the caller gave none."""
+    if ORDER_COLUMN in rows.column_names:
+        return rows
+    return rows.append_column(ORDER_COLUMN, pa.array(range(rows.num_rows), pa.int64()))
+
+
+def without_order(rows: pa.Table) -> pa.Table:
+    return rows.drop_columns([ORDER_COLUMN]) if ORDER_COLUMN in rows.column_names else rows
+
+
+def stage_parquet(
+    folder: Path,
+    writer_id: str,
+    batch_id: int,
+    task: str,
+    tables: Mapping[str, pa.Table],
+    *,
+    keep_order: bool = True,
+) -> list[StagedPart]:
+    """Write each table's rows to ``<folder>/<writer>/<batch>/<table>/<part>.parquet``; a
+    part is only ever listed after its file is complete, so a half-written file (a task that
+    died) is never committed, only cleaned up."""
+    import pyarrow.parquet as pq
+
+    parts = []
+    for name, rows in tables.items():
+        if not rows.num_rows:
+            continue
+        rows = utc_timestamps(with_order(rows) if keep_order else without_order(rows))
+        batch = writer_folder(folder, writer_id) / str(batch_id)
+        path = batch / name / f"{part_name(task)}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(rows, path)
+        parts.append(StagedPart(name, rows.num_rows, str(path), task))
+    return parts
+
+
+def writer_folder(folder: Path, writer_id: str) -> Path:
+    return folder / safe_name(writer_id)
+
+
+def staged_paths(parts: Sequence[StagedPart]) -> list[str]:
+    """The parts' files, all of which must still be there (else the batch must be staged
+    again: transient, the batch's retry does it)."""
+    missing = [p.ref for p in parts if not Path(p.ref).exists()]
+    if missing:
+        raise DestinationUnavailable(
+            f"{len(missing)} staged part(s) are gone (cleaned up?), e.g. {missing[0]}: "
+            "the batch must be staged again"
+        )
+    return [p.ref for p in parts]
+
+
+def remove_files(parts: Sequence[StagedPart]) -> None:
+    """Delete the parts' files and the folders they leave empty (up to the writer's)."""
+    folders = set()
+    for part in parts:
+        path = Path(part.ref)
+        path.unlink(missing_ok=True)
+        folders.update((path.parent, path.parent.parent))
+    for folder in sorted(folders, key=lambda f: len(f.parts), reverse=True):
+        with contextlib.suppress(OSError):  # not empty: another part is still there
+            folder.rmdir()
+
+
+def remove_writer_staging(folder: Path, writer_id: str) -> None:
+    shutil.rmtree(writer_folder(folder, writer_id), ignore_errors=True)
+
+
+def commit_with_ledger(
+    session: Session,
+    writer_id: str,
+    batch_id: int,
+    move: Callable[[], None],
+    repatch: Callable[[], None],
+) -> bool:
+    """One SQL transaction: the ledger row (already there: roll back, False), then ``move``;
+    when ``move`` finds a table changed underneath, roll back, ``repatch`` and retry once."""
+    from headwater.destinations.sql import TableChanged
+
+    for attempt in (1, 2):
+        session.begin()
+        try:
+            if not session.record_batch(writer_id, batch_id):
+                session.rollback()
+                return False
+            move()
+            session.commit()
+            return True
+        except TableChanged:
+            session.rollback()
+            if attempt == 2:
+                raise
+            repatch()
+        except BaseException:
+            session.rollback()
+            raise
+    return False  # unreachable

@@ -1,7 +1,11 @@
 """DuckDB: a database file (``path``, default ``<data_dir>/warehouse.duckdb``).
 
 Rows go in straight from Arrow (``INSERT ... BY NAME`` from the registered batch), upserts with
-``INSERT OR REPLACE``. The file is opened for each call and closed after it, so that other
+``INSERT OR REPLACE``. Spark tasks stage Parquet files in ``<path>.staging/<writer>/<batch>/``
+without opening the database (one process writes a DuckDB file); the driver's commit reads them
+all with ``read_parquet`` in the transaction that records the batch, then deletes them.
+
+The file is opened for each call and closed after it, so that other
 processes (a user's ``duckdb`` shell, a BI tool) can read it between writes; while another
 process holds the file, opening is retried for ``options.lock_timeout_s`` (default 30 s).
 """
@@ -11,12 +15,27 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from headwater.destinations.base import DestinationError, DestinationUnavailable
+from headwater.destinations.base import (
+    ORDER_COLUMN,
+    DestinationError,
+    DestinationUnavailable,
+    StagedPart,
+    TableSchema,
+)
+from headwater.destinations.batches import (
+    by_table,
+    commit_with_ledger,
+    remove_files,
+    remove_writer_staging,
+    stage_parquet,
+    staged_paths,
+)
 from headwater.destinations.duckdb.dialect import DuckDBDialect
 from headwater.destinations.sql import LEDGER, Session, SqlDestination, TableChanged
 from headwater.errors import HeadwaterError
@@ -95,17 +114,34 @@ class DuckDBSession(Session):
         """DuckDB has one writing process; the destination's own lock orders its threads."""
 
     def load(self, table: str, rows: pa.Table, primary_key: tuple[str, ...]) -> None:
-        verb = "INSERT OR REPLACE INTO" if primary_key else "INSERT INTO"
         self.con.register("__hw_rows", rows)
         try:
-            self.con.execute(f'{verb} "{table}" BY NAME SELECT * FROM __hw_rows')
+            self._insert(table, "SELECT * FROM __hw_rows", primary_key)
+        finally:
+            with contextlib.suppress(duckdb.Error):  # fails in an aborted transaction
+                self.con.unregister("__hw_rows")
+
+    def load_staged(self, table: str, paths: list[str], primary_key: tuple[str, ...]) -> None:
+        """Insert the staged Parquet files' rows; with a primary key, the highest order wins."""
+        files = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
+        select = (
+            f"SELECT * EXCLUDE ({ORDER_COLUMN}) FROM read_parquet([{files}], union_by_name = true)"
+        )
+        if primary_key:
+            keys = ", ".join(f'"{c}"' for c in primary_key)
+            select += (
+                f" QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY {ORDER_COLUMN} DESC) = 1"
+            )
+        self._insert(table, select, primary_key)
+
+    def _insert(self, table: str, select: str, primary_key: tuple[str, ...]) -> None:
+        verb = "INSERT OR REPLACE INTO" if primary_key else "INSERT INTO"
+        try:
+            self.con.execute(f'{verb} "{table}" BY NAME {select}')
         except (duckdb.BinderException, duckdb.CatalogException) as exc:
             if any(s in str(exc) for s in _CHANGED):
                 raise TableChanged(f"table {table!r} changed underneath: {exc}") from exc
             raise
-        finally:
-            with contextlib.suppress(duckdb.Error):  # fails in an aborted transaction
-                self.con.unregister("__hw_rows")
 
     def record_batch(self, writer_id: str, batch_id: int) -> bool:
         rows = self.execute(
@@ -142,6 +178,46 @@ class DuckDBDestination(SqlDestination):
 
     def classify(self, exc: BaseException) -> HeadwaterError:
         return classify(exc)
+
+    @property
+    def staging(self) -> Path:
+        return self.path.with_name(self.path.name + ".staging")
+
+    def stage(
+        self, writer_id: str, batch_id: int, task: str, tables: Mapping[str, pa.Table]
+    ) -> list[StagedPart]:
+        return stage_parquet(self.staging, writer_id, batch_id, task, tables)
+
+    def commit_staged(
+        self,
+        writer_id: str,
+        batch_id: int,
+        parts: Sequence[StagedPart],
+        schemas: Mapping[str, TableSchema],
+    ) -> bool:
+        groups = {table: staged_paths(ps) for table, ps in by_table(parts).items()}
+        with self._using() as s:
+            assert isinstance(s, DuckDBSession)
+            keys = {t: schemas[t].primary_key if t in schemas else self._key(s, t) for t in groups}
+
+            def move() -> None:
+                for table, paths in groups.items():
+                    s.load_staged(table, paths, keys[table])
+
+            def repatch() -> None:
+                for table in groups:
+                    if table in schemas:
+                        self._patch(s, schemas[table])
+
+            done = commit_with_ledger(s, writer_id, batch_id, move, repatch)
+        remove_files(parts)
+        return done
+
+    def discard_staged(self, writer_id: str, batch_id: int, parts: Sequence[StagedPart]) -> None:
+        remove_files(parts)
+
+    def clean_staging(self, writer_id: str) -> None:
+        remove_writer_staging(self.staging, writer_id)
 
 
 def open_destination(config: DestinationConfig, data_dir: Path) -> DuckDBDestination:
