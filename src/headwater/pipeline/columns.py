@@ -3,7 +3,7 @@
 A micro-batch keeps the source's columns (Spark's Kafka layout: ``key, value, topic, partition,
 offset, timestamp, timestampType, headers``) and gains:
 
-- ``event``: the decoded event, a VARIANT object (null when it could not be decoded);
+- ``event``: the decoded event, a struct (null when it could not be decoded);
 - ``_hw_error``: null, or ``struct<step, code, reason>`` once a step has failed the event (later
   steps pass failed rows through untouched; the writer sends them to the failed store);
 - ``_hw_table``: the target table (routing; null or "" skips the event for the destination).
@@ -15,7 +15,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 EVENT = "event"
-JSON_TEXT = "_hw_json_text"  # decode -> context: the JSON text an object event came from
+JSON_TEXT = "_hw_json_text"  # decode: the event's JSON text (raw bytes wrapped)
+NOVEL = "_hw_novel"  # decode: the event holds something the carried shape does not know
 JSON_WHITESPACE = " \t\r\n"  # what JSON allows around values
 ERROR = "_hw_error"
 TABLE = "_hw_table"

@@ -18,16 +18,32 @@ timestamps, and which types a field of mixed types holds) and returns one ``Fiel
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import reduce
 
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    BooleanType,
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+    VariantType,
+)
 
 from headwater.destinations.types import ColumnType, promote
-from headwater.pipeline.columns import EVENT, json_path
+from headwater.pipeline.structs import Path, leaves
 
 ISO_TIMESTAMP = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|z|[+-]\d{2}(:?\d{2})?)?$"
-Path = tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -35,6 +51,7 @@ class Field:
     path: Path
     type: ColumnType
     json_text: bool = False  # stored as JSON text (arrays, objects mixed with values)
+    kinds: frozenset[str] = frozenset()  # a VARIANT leaf: the kinds its values have
 
 
 # -- the variant schema strings Spark prints: OBJECT<a: BIGINT, `b c`: ARRAY<STRING>> ----------
@@ -123,99 +140,33 @@ def scalar_type(kind: str) -> ColumnType | None:
     return ColumnType.STRING  # STRING, BINARY, UUID, ...
 
 
-# -- inference ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Candidate:
-    path: Path
-    kind: str  # "scalar", "json", "mixed", "string"
-    type: ColumnType | None = None
-
-
-def _candidates(node: _Node, prefix: Path = ()) -> list[_Candidate]:
-    out: list[_Candidate] = []
-    for name, child in node.fields:
-        path = (*prefix, name)
-        if child.kind == "OBJECT":
-            out.extend(_candidates(child, path))
-        elif child.kind == "ARRAY":
-            out.append(_Candidate(path, "json", ColumnType.STRING))
-        elif child.kind == "VARIANT":
-            out.append(_Candidate(path, "mixed"))
-        else:
-            t = scalar_type(child.kind)
-            if t is ColumnType.STRING:
-                out.append(_Candidate(path, "string", t))
-            elif t is not None:
-                out.append(_Candidate(path, "scalar", t))
+# -- the batch's columns --------------------------------------------------------------------
+def fields_of(
+    struct: DataType, kinds: Callable[[Path], frozenset[str]] = lambda _: frozenset()
+) -> list[Field]:
+    """One ``Field`` per leaf of the events' struct type. ``kinds`` tells, for a leaf that holds
+    values of several kinds (a VARIANT leaf), which kinds (``headwater.pipeline.shape``)."""
+    if not isinstance(struct, StructType):
+        return []
+    out: list[Field] = []
+    for path, t in leaves(struct):
+        if isinstance(t, BooleanType):
+            out.append(Field(path, ColumnType.BOOL))
+        elif isinstance(t, LongType | IntegerType | ShortType | ByteType):
+            out.append(Field(path, ColumnType.INT64))
+        elif isinstance(t, DoubleType | FloatType | DecimalType):
+            out.append(Field(path, ColumnType.FLOAT64))
+        elif isinstance(t, TimestampType | TimestampNTZType | DateType):
+            out.append(Field(path, ColumnType.TIMESTAMP))
+        elif isinstance(t, StringType):
+            out.append(Field(path, ColumnType.STRING))
+        elif isinstance(t, VariantType):
+            k = kinds(path) or frozenset({"STRING"})
+            if "JSON" in k:
+                out.append(Field(path, ColumnType.STRING, json_text=True, kinds=k))
+            else:
+                types = [ColumnType(x) for x in sorted(k)]
+                out.append(Field(path, reduce(promote, types[1:], types[0]), kinds=k))
+        else:  # arrays, maps, binary: kept whole as JSON text
+            out.append(Field(path, ColumnType.STRING, json_text=True))
     return out
-
-
-def value_at(path: Path) -> Column:
-    return F.try_variant_get(F.col(EVENT), json_path(path), "variant")
-
-
-def row_kind(path: Path) -> Column:
-    """Per row: the variant type name of the value at ``path`` (OBJECT<...> cut to OBJECT)."""
-    return F.split(F.schema_of_variant(value_at(path)), "<")[0]
-
-
-def merged_schema() -> Column:
-    """The aggregate ``infer_fields`` starts from (callers may compute it along with others)."""
-    return F.schema_of_variant_agg(F.col(EVENT))
-
-
-def infer_fields(df: DataFrame, schema: str | None = None) -> list[Field]:
-    """The batch's leaf fields and their types (see the module's docstring); ``schema``: the
-    rows' ``merged_schema()`` when already computed."""
-    rows = df.where(F.col(EVENT).isNotNull())
-    if schema is None:
-        first = rows.agg(merged_schema()).first()
-        schema = None if first is None else first[0]
-    if schema is None:
-        return []
-    root = parse_schema(schema)
-    if root.kind != "OBJECT":
-        return []
-    candidates = _candidates(root)
-    probes: list[Column] = []
-    for i, c in enumerate(candidates):
-        if c.kind == "string":
-            text = F.try_variant_get(F.col(EVENT), json_path(c.path), "string")
-            probes.append(
-                F.min(F.when(text.isNull(), True).otherwise(text.rlike(ISO_TIMESTAMP))).alias(
-                    f"p{i}"
-                )
-            )
-        elif c.kind == "mixed":
-            probes.append(F.collect_set(row_kind(c.path)).alias(f"p{i}"))
-    found = rows.agg(*probes).first() if probes else None
-    fields: list[Field] = []
-    for i, c in enumerate(candidates):
-        if c.kind == "scalar":
-            assert c.type is not None
-            fields.append(Field(c.path, c.type))
-        elif c.kind == "json":
-            fields.append(Field(c.path, ColumnType.STRING, json_text=True))
-        elif c.kind == "string":
-            assert found is not None
-            is_ts = bool(found[f"p{i}"])
-            fields.append(Field(c.path, ColumnType.TIMESTAMP if is_ts else ColumnType.STRING))
-        else:
-            assert found is not None
-            kinds = set(found[f"p{i}"] or [])
-            field = _mixed(c.path, kinds)
-            if field is not None:
-                fields.append(field)
-    return fields
-
-
-def _mixed(path: Path, kinds: set[str]) -> Field | None:
-    if kinds & {"OBJECT", "ARRAY"}:
-        return Field(path, ColumnType.STRING, json_text=True)
-    types = [t for t in (scalar_type(k) for k in kinds) if t is not None]
-    if not types:
-        return None
-    out = types[0]
-    for t in types[1:]:
-        out = promote(out, t)
-    return Field(path, out)

@@ -13,10 +13,12 @@ from pathlib import Path
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from headwater.bus import context
-from headwater.pipeline.columns import EVENT, header, json_path, pointer_parts, with_event
+from headwater.pipeline.columns import EVENT, header, pointer_parts, with_event
 from headwater.pipeline.config import EnrichmentRule
+from headwater.pipeline.structs import get_path, set_path, type_at
 
 LOOKED_UP = "_hw_lookup"
 IMPLICIT = (
@@ -45,20 +47,29 @@ def apply_lookups(
             from headwater.errors import ConfigError
 
             raise ConfigError("an ip_lookup rule needs pipeline.geoip_database")
-        event = F.col(EVENT)
-        df = df.withColumn(LOOKED_UP, _lookup(rule, event, geoip_database))
+        struct = df.schema[EVENT].dataType
+        assert isinstance(struct, StructType)
+        source = get_path(F.col(EVENT), struct, pointer_parts(rule.src))
+        if source is None:  # no event of the shape has the input
+            continue
+        if implicit:
+            source = F.when(js, source)
+        df = df.withColumn(LOOKED_UP, _lookup(rule, source.cast("string"), geoip_database))
         result = F.col(LOOKED_UP)
-        updated = F.when(result.isNull(), event).otherwise(
-            F.variant_set(event, json_path(pointer_parts(rule.dst)), F.to_variant_object(result))
-        )
-        df = with_event(df, F.when(js, updated).otherwise(event) if implicit else updated)
+        event = F.col(EVENT)
+        dst = pointer_parts(rule.dst)
+        previous = get_path(event, struct, dst)
+        result_type = df.schema[LOOKED_UP].dataType
+        # where the lookup finds nothing, what was there stays (when it is the same kind)
+        same = previous is not None and type_at(struct, dst) == result_type
+        value = F.coalesce(result, previous) if same and previous is not None else result
+        df = with_event(df, set_path(event, struct, dst, value))
     return df.drop(LOOKED_UP)
 
 
-def _lookup(rule: EnrichmentRule, event: Column, geoip_database: Path | None) -> Column:
+def _lookup(rule: EnrichmentRule, source: Column, geoip_database: Path | None) -> Column:
     from headwater.pipeline.steps import lookup
 
-    source = F.try_variant_get(event, json_path(pointer_parts(rule.src)), "string")
     if rule.name == "ip_lookup":
         assert geoip_database is not None
         return lookup.geo_lookup(source, geoip_database)

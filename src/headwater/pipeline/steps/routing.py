@@ -20,7 +20,7 @@ TEMPLATE_FAILED = "HW-PIPE-201"
 
 def route(df: DataFrame, table_name_template: str) -> DataFrame:
     """Add ``_hw_table`` (and ``_hw_error`` where the template could not be evaluated)."""
-    compiled = compile_template(table_name_template)
+    compiled = compile_template(table_name_template, df.schema[EVENT].dataType)
     live = F.col(ERROR).isNull() & F.col(EVENT).isNotNull()
     error = F.when(F.col(ERROR).isNotNull(), F.col(ERROR)).when(
         live & compiled.error.isNotNull(), failure(STEP, TEMPLATE_FAILED, compiled.error)

@@ -21,10 +21,20 @@ from dataclasses import dataclass
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    MapType,
+    StructType,
+    TimestampType,
+    VariantType,
+)
 
 from headwater.bus import context
 from headwater.errors import ConfigError
-from headwater.pipeline.columns import EVENT, header, json_path, pointer_parts
+from headwater.pipeline.columns import EVENT, header, pointer_parts
+from headwater.pipeline.shape import JSON, variant_kind
+from headwater.pipeline.structs import get_path, type_at
 
 _SUBST = re.compile(r"\{\{(.*?)\}\}", re.S)
 _FIELD = re.compile(r"^/?[A-Za-z0-9_$@\-]+([./][A-Za-z0-9_$@\-]+)*$")
@@ -43,15 +53,16 @@ class CompiledTemplate:
     error: Column  # why evaluation failed, else null
 
 
-def compile_template(template: str) -> CompiledTemplate:
-    """Compile ``template``; ``TemplateError`` names what is wrong in it."""
+def compile_template(template: str, struct: DataType | None = None) -> CompiledTemplate:
+    """Compile ``template`` for events of type ``struct`` (None: check the template only);
+    ``TemplateError`` names what is wrong in it."""
     parts: list[Column] = []
     errors: list[Column] = []
     pos = 0
     for m in _SUBST.finditer(template):
         if m.start() > pos:
             parts.append(F.lit(_literal(template[pos : m.start()], template)))
-        value, error = _expr(m.group(1).strip(), template)
+        value, error = _expr(m.group(1).strip(), template, struct)
         parts.append(value)
         if error is not None:
             errors.append(error)
@@ -69,7 +80,7 @@ def _literal(text: str, template: str) -> str:
     return text
 
 
-def _expr(expr: str, template: str) -> tuple[Column, Column | None]:
+def _expr(expr: str, template: str, struct: DataType | None) -> tuple[Column, Column | None]:
     pieces = [p.strip() for p in expr.split("|")]
     source, filters = pieces[0], pieces[1:]
     if not source:
@@ -79,14 +90,10 @@ def _expr(expr: str, template: str) -> tuple[Column, Column | None]:
         value = _variable(source, template)
     elif _FIELD.match(source):
         path = pointer_parts(source) if "/" in source else tuple(source.split("."))
-        got = F.try_variant_get(F.col(EVENT), json_path(path), "variant")
-        kind = F.schema_of_variant(got)
-        scalar = ~(kind.startswith("OBJECT") | kind.startswith("ARRAY"))
-        value = F.when(scalar, F.try_variant_get(F.col(EVENT), json_path(path), "string"))
+        value, not_scalar = _field(path, struct)
         dotted = ".".join(path)
         error = F.when(
-            got.isNotNull() & ~scalar,
-            F.lit(f"table_name_template: field {dotted} is not a text or number"),
+            not_scalar, F.lit(f"table_name_template: field {dotted} is not a text or number")
         ).when(value.isNull(), F.lit(f"table_name_template: field {dotted} is missing"))
     else:
         raise TemplateError(
@@ -113,6 +120,22 @@ def _expr(expr: str, template: str) -> tuple[Column, Column | None]:
                 f"(one of: {', '.join(FILTERS)})"
             )
     return value, error
+
+
+def _field(path: tuple[str, ...], struct: DataType | None) -> tuple[Column, Column]:
+    """The field's value as text, and whether it holds an object or array (per row)."""
+    kind = type_at(struct, path) if struct is not None else None
+    got = get_path(F.col(EVENT), struct, path) if struct is not None else None
+    if got is None or kind is None:
+        return F.lit(None).cast("string"), F.lit(False)
+    if isinstance(kind, StructType | ArrayType | MapType):
+        return F.lit(None).cast("string"), got.isNotNull()
+    if isinstance(kind, VariantType):
+        k = variant_kind(got)
+        return F.when(k != JSON, F.try_variant_get(got, "$", "string")), k == JSON
+    if isinstance(kind, TimestampType):
+        return F.date_format(got, "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"), F.lit(False)
+    return got.cast("string"), F.lit(False)
 
 
 def _variable(name: str, template: str) -> Column:

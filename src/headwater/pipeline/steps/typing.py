@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import reduce
 
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
@@ -33,8 +34,10 @@ from pyspark.sql import functions as F
 from headwater.destinations.base import Column, TableSchema
 from headwater.destinations.dialect import Dialect
 from headwater.destinations.types import ColumnType, fits, promote
-from headwater.pipeline.columns import EVENT, json_path
-from headwater.pipeline.steps.flatten import ISO_TIMESTAMP, Field, Path, row_kind, value_at
+from headwater.pipeline.columns import EVENT
+from headwater.pipeline.shape import BOOL, FLOAT64, INT64, JSON, STRING, variant_kind
+from headwater.pipeline.steps.flatten import ISO_TIMESTAMP, Field
+from headwater.pipeline.structs import Path
 
 SPARK_TYPES = {
     ColumnType.BOOL: "boolean",
@@ -94,61 +97,72 @@ def target_schema(
 
 def project(df: DataFrame, plans: list[ColumnPlan], keep: tuple[str, ...] = ()) -> DataFrame:
     """One column per plan (named and typed as planned), plus the columns ``keep``."""
-    cols = [F.col(c) for c in keep]
+    return df.select(*[F.col(c) for c in keep], *columns(plans))
+
+
+def columns(plans: list[ColumnPlan], event: SparkColumn | None = None) -> list[SparkColumn]:
+    """The planned columns as expressions over the event struct (``event``, by default the
+    column ``event``)."""
+    event = F.col(EVENT) if event is None else event
+    out = []
     for plan in plans:
-        values = [_value(f, plan.column.type) for f in plan.fields]
+        values = [_value(event, f, plan.column.type) for f in plan.fields]
         value = values[0] if len(values) == 1 else F.coalesce(*values)
         if plan.accept is not None or plan.reject is not None:
-            own = _own_fits(plan.fields, plan.accept or plan.reject)  # type: ignore[arg-type]
+            own = _own_fits(event, plan.fields, plan.accept or plan.reject)  # type: ignore[arg-type]
             keep_it = own if plan.accept is not None else ~own
             value = F.when(keep_it, value)
-        cols.append(value.cast(SPARK_TYPES[plan.column.type]).alias(plan.column.name))
-    return df.select(*cols)
+        out.append(value.cast(SPARK_TYPES[plan.column.type]).alias(plan.column.name))
+    return out
 
 
-def _value(f: Field, as_type: ColumnType) -> SparkColumn:
+def _leaf(event: SparkColumn, f: Field) -> SparkColumn:
+    return reduce(lambda c, p: c.getField(p), f.path, event)
+
+
+def _value(event: SparkColumn, f: Field, as_type: ColumnType) -> SparkColumn:
     """The field's value converted to ``as_type`` (which holds the field's type)."""
-    event = F.col(EVENT)
-    if as_type is ColumnType.STRING:
-        if f.json_text:
-            raw = value_at(f.path)
-            kind = row_kind(f.path)
-            as_json = F.to_json(raw)
-            as_text = F.try_variant_get(event, json_path(f.path), "string")
-            return F.when(kind.isin("OBJECT", "ARRAY"), as_json).otherwise(as_text)
-        if f.type is ColumnType.TIMESTAMP:
-            ts = F.try_variant_get(event, json_path(f.path), "timestamp")
-            text = F.try_variant_get(event, json_path(f.path), "string")
-            return F.coalesce(F.date_format(ts, "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"), text)
-        return F.try_variant_get(event, json_path(f.path), "string")
-    return F.try_variant_get(event, json_path(f.path), SPARK_TYPES[as_type])
+    leaf = _leaf(event, f)
+    if f.kinds:  # a VARIANT leaf
+        if as_type is ColumnType.STRING:
+            return F.when(variant_kind(leaf) == JSON, F.to_json(leaf)).otherwise(
+                F.try_variant_get(leaf, "$", "string")
+            )
+        return F.try_variant_get(leaf, "$", SPARK_TYPES[as_type])
+    if as_type is ColumnType.STRING and f.type is ColumnType.TIMESTAMP:
+        return F.date_format(leaf, "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX")
+    if f.json_text and as_type is ColumnType.STRING:
+        return F.to_json(leaf)
+    return leaf
 
 
-_KIND_TYPES: dict[ColumnType, tuple[str, ...]] = {
-    ColumnType.BOOL: ("BOOLEAN",),
-    ColumnType.INT64: ("BOOLEAN", "TINYINT", "SMALLINT", "INT", "BIGINT"),
-    ColumnType.FLOAT64: ("BOOLEAN", "TINYINT", "SMALLINT", "INT", "BIGINT", "FLOAT", "DOUBLE"),
-    ColumnType.TIMESTAMP: ("TIMESTAMP", "TIMESTAMP_NTZ", "DATE"),
+_KINDS_FITTING: dict[ColumnType, tuple[str, ...]] = {
+    ColumnType.BOOL: (BOOL,),
+    ColumnType.INT64: (BOOL, INT64),
+    ColumnType.FLOAT64: (BOOL, INT64, FLOAT64),
 }
 
 
-def _own_fits(fields: tuple[Field, ...], column_type: ColumnType) -> SparkColumn:
+def _own_fits(
+    event: SparkColumn, fields: tuple[Field, ...], column_type: ColumnType
+) -> SparkColumn:
     """Per row: the value's own type fits ``column_type`` (null values fit anything)."""
     if column_type is ColumnType.STRING:
         return F.lit(True)
     tests = []
     for f in fields:
-        kind = F.schema_of_variant(value_at(f.path))
-        ok = kind.isNull() | (kind == "VOID") | kind.isin(*_KIND_TYPES[column_type])
-        if column_type in (ColumnType.INT64, ColumnType.FLOAT64):
-            decimal = kind.startswith("DECIMAL")
-            scale0 = F.regexp_extract(kind, r",\s*(\d+)\)", 1) == "0"
-            ok = ok | (decimal & (scale0 | F.lit(column_type is ColumnType.FLOAT64)))
+        leaf = _leaf(event, f)
+        if not f.kinds and f.type is ColumnType.STRING and column_type is ColumnType.TIMESTAMP:
+            tests.append(leaf.isNull() | leaf.rlike(ISO_TIMESTAMP))  # date-time text fits
+            continue
+        if not f.kinds:  # one kind for every value: decided here
+            tests.append(F.lit(fits(f.type, column_type)))
+            continue
+        kind = variant_kind(leaf)
         if column_type is ColumnType.TIMESTAMP:
-            text = F.try_variant_get(F.col(EVENT), json_path(f.path), "string")
-            ok = ok | ((kind == "STRING") & text.rlike(ISO_TIMESTAMP))
+            text = F.try_variant_get(leaf, "$", "string")
+            ok = kind.isNull() | ((kind == STRING) & text.rlike(ISO_TIMESTAMP))
+        else:
+            ok = kind.isNull() | kind.isin(*_KINDS_FITTING[column_type])
         tests.append(ok)
-    out = tests[0]
-    for t in tests[1:]:
-        out = out & t
-    return out
+    return reduce(lambda a, b: a & b, tests)
