@@ -57,12 +57,17 @@ def _set(node: Column | None, struct: DataType | None, path: Path, value: Column
     child = node.getField(head) if child_type is not None else None
     if isinstance(child_type, StructType):
         assert child is not None
-        built = F.when(child.isNull(), _set(None, None, rest, value)).otherwise(
-            _set(child, child_type, rest, value)
-        )
+        # a null object gets one of the same type (all fields null) so both branches agree
+        filled = F.coalesce(child, _nulls(child_type))
+        built = _set(filled, child_type, rest, value)
     else:
         built = _set(None, None, rest, value)
     return node.withField(head, built)
+
+
+def _nulls(struct: StructType) -> Column:
+    """A struct of type ``struct`` with every field null."""
+    return F.struct(*[F.lit(None).cast(f.dataType).alias(f.name) for f in struct.fields])
 
 
 def drop_path(event: Column, struct: StructType, path: Path) -> Column:

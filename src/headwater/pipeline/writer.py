@@ -1,16 +1,18 @@
-"""One destination's micro-batch: the steps, the failed store, table patching, the write.
+"""One destination's micro-batch: plan, write, commit.
 
 ``DestinationWriter`` is the ``foreachBatch`` function of a destination's streaming query.
 For each micro-batch (``batch_id`` from the query's checkpoint) it:
 
 1. skips the batch when the destination's ledger already holds it (a replay after a crash);
-2. runs the steps: decode, context, lookups, routing, mapping;
-3. appends the events a step failed to the failed store (durably, before the write: a crash
+2. plans the batch from what the destination knows (``headwater.pipeline.plan``): the steps
+   run as native expressions against the carried shape, and every row gets its table's
+   columns, typed against the table as it is, or is marked novel;
+3. when rows are novel, widens the knowledge from those rows only and plans again (a batch
+   like the last one never does);
+4. creates the batch's tables and adds their missing columns;
+5. appends the events a step failed to the failed store (durably, before the write: a crash
    in between makes the same failed ids again, which the store shows once);
-4. per target table: infers the fields and their types, plans the columns against the table
-   as it is, patches the table (``ensure_table``), and converts the rows to Arrow (an archive,
-   ``Destination.archives_events``, takes the events' JSON after context enrichment instead);
-5. writes every table's rows and the batch id in one atomic step (``write_batch``); a write
+6. writes every table's rows and the batch id in one atomic step (``write_batch``); a write
    that fails as terminal sends the batch's events to the failed store instead, a transient
    failure raises so that Spark retries the batch (its offsets are not committed).
 """
@@ -29,28 +31,30 @@ from pyspark.sql import functions as F
 
 from headwater.config.model import HeadwaterConfig
 from headwater.destinations import Destination, open_destination
-from headwater.destinations.base import ARCHIVE_EVENT, ARCHIVE_TIMESTAMP
 from headwater.errors import TransientError
-from headwater.pipeline.columns import ERROR, EVENT, SOURCE_COLUMNS, TABLE, failure, json_path
+from headwater.pipeline.columns import ERROR, NOVEL, SOURCE_COLUMNS, TABLE, failure
 from headwater.pipeline.config import DestinationConfig
 from headwater.pipeline.failed import FailedEvent, FailedStore, make_id, now_iso
-from headwater.pipeline.steps.context import enrich_context
-from headwater.pipeline.steps.decode import decode
-from headwater.pipeline.steps.flatten import infer_fields, merged_schema
-from headwater.pipeline.steps.lookup_rules import apply_lookups
-from headwater.pipeline.steps.mapping import apply_mapping, explicit_types
-from headwater.pipeline.steps.routing import route
-from headwater.pipeline.steps.typing import plan_columns, project, target_schema
+from headwater.pipeline.plan import (
+    NULL_KEY,
+    ORDER,
+    WRITE_STEP,
+    BatchPlan,
+    Knowledge,
+    learn_shape,
+    learn_tables,
+    steps,
+    widen_tables,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
-ARCHIVED = "_hw_archive"
-WRITE_STEP = "write"
 WRITE_FAILED = "HW-PIPE-401"
-NULL_KEY = "HW-PIPE-402"
+MAX_PLANS = 4  # plans per batch: the first, and re-plans after learning from novel rows
+__all__ = ["NULL_KEY", "WRITE_FAILED", "BatchStats", "DestinationWriter"]
 
 
 @dataclass
@@ -60,6 +64,8 @@ class BatchStats:
     written: int = 0
     failed: int = 0
     skipped: int = 0
+    novel: int = 0
+    plans: int = 0
     tables: dict[str, int] = field(default_factory=dict)
     replayed_batch: bool = False
     seconds: float = 0.0
@@ -74,26 +80,12 @@ class BatchStats:
             self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - started
 
 
-def process(
-    df: DataFrame, config: HeadwaterConfig, dest: DestinationConfig, *, archive: bool = False
-) -> DataFrame:
-    """The steps up to routing and mapping, as one DataFrame -> DataFrame function; with
-    ``archive``, ``_hw_archive`` keeps each event's JSON as it was after context enrichment."""
-    pipeline = config.pipeline
-    out = decode(df, pipeline.protobuf or None)
-    out = enrich_context(out)
-    if archive:
-        out = out.withColumn(ARCHIVED, F.to_json(F.col(EVENT)))
-    out = apply_lookups(out, list(dest.enrichment), pipeline.geoip_database)
-    out = route(out, dest.table_name_template)
-    return apply_mapping(out, dest.mapping)
-
-
 class DestinationWriter:
     def __init__(self, config: HeadwaterConfig, dest: DestinationConfig) -> None:
         self.config = config
         self.dest = dest
         self.failed = FailedStore(config)
+        self.knowledge = Knowledge()
         self._destination: Destination | None = None
         self.last: BatchStats | None = None
         self.batches = 0
@@ -112,6 +104,17 @@ class DestinationWriter:
             self._destination.close()
             self._destination = None
 
+    def plan(self, df: DataFrame) -> BatchPlan:
+        pipeline = self.config.pipeline
+        events = steps(
+            df,
+            self.dest,
+            self.knowledge.shape,
+            protobuf=dict(pipeline.protobuf) or None,
+            geoip_database=pipeline.geoip_database,
+        )
+        return BatchPlan(events, self.knowledge, self.dest, self.destination)
+
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         stats = BatchStats(batch_id)
@@ -121,12 +124,29 @@ class DestinationWriter:
             stats.replayed_batch = True
             self.last = stats
             return
-        archive = destination.archives_events
-        events = process(df, self.config, self.dest, archive=archive).persist()
-        try:
-            self._write(events, batch_id, destination, stats)
-        finally:
-            events.unpersist()
+        for attempt in range(MAX_PLANS):
+            stats.plans += 1
+            with stats.phase("plan"):
+                plan = self.plan(df)
+                frame = plan.frame(keep=SOURCE_COLUMNS).persist()
+            try:
+                with stats.phase("steps"):  # the steps run here, into the persisted frame
+                    counts = (
+                        frame.groupBy(TABLE, F.col(ERROR).isNull().alias("ok"), NOVEL)
+                        .count()
+                        .collect()
+                    )
+                novel = sum(r["count"] for r in counts if r[NOVEL])
+                if novel and attempt < MAX_PLANS - 1:
+                    with stats.phase("learn"):
+                        learned = self._learn(df, plan)
+                    if learned:
+                        continue
+                stats.novel = novel
+                self._write(frame, plan, counts, batch_id, destination, stats)
+                break
+            finally:
+                frame.unpersist()
         stats.seconds = time.monotonic() - started
         self.last = stats
         self.batches += 1
@@ -135,8 +155,8 @@ class DestinationWriter:
         for name, seconds in stats.phases.items():
             self.phases[name] = self.phases.get(name, 0.0) + seconds
         log.info(
-            "destination %s batch %d: %d rows, %d written to %s, %d failed, %d skipped "
-            "(%.2f s: %s)",
+            "destination %s batch %d: %d rows, %d written to %s, %d failed, %d skipped, "
+            "%d plan(s) (%.2f s: %s)",
             self.dest.id,
             batch_id,
             stats.rows,
@@ -144,65 +164,49 @@ class DestinationWriter:
             stats.tables,
             stats.failed,
             stats.skipped,
+            stats.plans,
             stats.seconds,
             ", ".join(f"{k} {v:.2f}" for k, v in stats.phases.items()),
         )
 
+    def _learn(self, df: DataFrame, plan: BatchPlan) -> bool:
+        """Widen the knowledge from the batch's novel rows; True when anything was new (the
+        batch is then planned again). Rows that stay novel with nothing new to learn (the
+        cheap check can call a row novel that fits) are written as they are."""
+        changed = learn_shape(plan.events, self.knowledge.shape)
+        if changed:
+            plan = self.plan(df)
+        return learn_tables(plan, self.knowledge) or changed
+
     def _write(
-        self, events: DataFrame, batch_id: int, destination: Destination, stats: BatchStats
+        self,
+        frame: DataFrame,
+        plan: BatchPlan,
+        counts: list[Any],
+        batch_id: int,
+        destination: Destination,
+        stats: BatchStats,
     ) -> None:
-        dialect = destination.dialect
-        pk = tuple(dialect.normalize(c) for c in self.dest.primary_key)
-        explicit = explicit_types(self.dest.mapping)
-        with stats.phase("steps"):  # the steps run here, into the persisted batch
-            counts = (
-                events.groupBy(F.col(ERROR).isNull().alias("ok"), TABLE)
-                .agg(F.count(F.lit(1)).alias("count"), merged_schema().alias("schema"))
-                .collect()
-            )
         stats.rows = sum(r["count"] for r in counts)
         stats.skipped = sum(r["count"] for r in counts if r["ok"] and not r[TABLE])
-        tables = sorted({r[TABLE] for r in counts if r["ok"] and r[TABLE]})
-        schemas = {r[TABLE]: r["schema"] for r in counts if r["ok"] and r[TABLE]}
-        failed = events.where(F.col(ERROR).isNotNull())
-        arrow: dict[str, pa.Table] = {}
-        keep = (*SOURCE_COLUMNS, ERROR)
-        for name in tables:
-            rows = events.where(F.col(ERROR).isNull() & (F.col(TABLE) == name))
-            table = dialect.normalize(name)
-            if destination.archives_events:
-                with stats.phase("project"):
-                    arrow[table] = archived(rows).toArrow()
-                continue
-            with stats.phase("infer"):
-                fields = infer_fields(rows, schemas[name])
-            existing = destination.table(table)
-            plans = plan_columns(fields, dialect, existing, explicit)
-            schema = target_schema(table, plans, pk)
-            projected = project(rows, plans, keep=keep)
-            if pk:
-                missing = F.lit(False)
-                for c in pk:
-                    missing = missing | (F.col(c).isNull() if c in schema.columns else F.lit(True))
-                reason = f"the primary key ({', '.join(pk)}) has a null or missing column"
-                failed = failed.unionByName(
-                    projected.where(missing)
-                    .select(*SOURCE_COLUMNS)
-                    .withColumn(ERROR, failure(WRITE_STEP, NULL_KEY, reason)),
-                    allowMissingColumns=True,
-                )
-                projected = projected.where(~missing)
-            if existing is None or schema.missing_from(existing):
-                with stats.phase("patch"):
-                    destination.ensure_table(schema)
-            with stats.phase("project"):
-                arrow[table] = projected.drop(*keep).toArrow()
-        if pk or any(not r["ok"] for r in counts):  # else there is nothing to collect
+        rows_per_table = {r[TABLE]: r["count"] for r in counts if r["ok"] and r[TABLE]}
+        present = {n: tp for n, tp in plan.tables.items() if tp.schema.name in rows_per_table}
+        with stats.phase("patch"):
+            widen_tables(destination, present)
+        if any(not r["ok"] for r in counts):
             with stats.phase("failed"):
-                self._fail(failed, stats)
-        if not arrow:
-            destination.write_batch(self.dest.id, batch_id, {})
-            return
+                self._fail(frame.where(F.col(ERROR).isNotNull()), stats)
+        arrow: dict[str, pa.Table] = {}
+        with stats.phase("project"):
+            for tp in present.values():
+                name = tp.schema.name
+                if name in arrow:
+                    continue
+                rows = frame.where(F.col(TABLE) == name)
+                if tp.schema.primary_key:
+                    rows = rows.orderBy(ORDER)
+                cols = [F.col(frame_col).alias(col) for col, frame_col in tp.columns]
+                arrow[name] = rows.select(*cols).toArrow()
         try:
             with stats.phase("write"):
                 destination.write_batch(self.dest.id, batch_id, arrow)
@@ -210,7 +214,7 @@ class DestinationWriter:
             raise
         except Exception as exc:
             log.error("destination %s batch %d: write failed: %s", self.dest.id, batch_id, exc)
-            everything = events.where(F.col(ERROR).isNull() & (F.col(TABLE) != ""))
+            everything = frame.where(F.col(TABLE) != "")
             self._fail(
                 everything.withColumn(ERROR, failure(WRITE_STEP, WRITE_FAILED, str(exc)[:2000])),
                 stats,
@@ -229,13 +233,6 @@ class DestinationWriter:
         events = [_failed_event(self.dest.id, r.asDict(), at) for r in rows]
         self.failed.append(events)
         stats.failed += len(events)
-
-
-def archived(rows: DataFrame) -> DataFrame:
-    """An archive's rows (``Destination.archives_events``): the event's JSON after context
-    enrichment and its receive time."""
-    at = F.try_variant_get(F.col(EVENT), json_path(("_timestamp",)), "timestamp")
-    return rows.select(F.col(ARCHIVED).alias(ARCHIVE_EVENT), at.alias(ARCHIVE_TIMESTAMP))
 
 
 def _failed_event(destination: str, row: dict[str, Any], at: str) -> FailedEvent:

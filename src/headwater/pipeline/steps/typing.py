@@ -103,6 +103,13 @@ def project(df: DataFrame, plans: list[ColumnPlan], keep: tuple[str, ...] = ()) 
 def columns(plans: list[ColumnPlan], event: SparkColumn | None = None) -> list[SparkColumn]:
     """The planned columns as expressions over the event struct (``event``, by default the
     column ``event``)."""
+    return [value.alias(name) for name, value in column_values(plans, event)]
+
+
+def column_values(
+    plans: list[ColumnPlan], event: SparkColumn | None = None
+) -> list[tuple[str, SparkColumn]]:
+    """(column name, value expression) per plan, over the event struct."""
     event = F.col(EVENT) if event is None else event
     out = []
     for plan in plans:
@@ -112,7 +119,7 @@ def columns(plans: list[ColumnPlan], event: SparkColumn | None = None) -> list[S
             own = _own_fits(event, plan.fields, plan.accept or plan.reject)  # type: ignore[arg-type]
             keep_it = own if plan.accept is not None else ~own
             value = F.when(keep_it, value)
-        out.append(value.cast(SPARK_TYPES[plan.column.type]).alias(plan.column.name))
+        out.append((plan.column.name, value.cast(SPARK_TYPES[plan.column.type])))
     return out
 
 
