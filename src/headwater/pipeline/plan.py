@@ -36,6 +36,7 @@ from headwater.pipeline.columns import (
     JSON_TEXT,
     JSON_WHITESPACE,
     NOVEL,
+    SOURCE_COLUMNS,
     TABLE,
     failure,
 )
@@ -49,7 +50,8 @@ from headwater.pipeline.steps.routing import route
 from headwater.pipeline.steps.typing import SPARK_TYPES, ColumnPlan, column_values, plan_columns
 from headwater.pipeline.structs import Path
 
-ORDER = "_hw_order"  # the row's place in the batch (upserts: the last one per key wins)
+ORDER = "_hw_order"
+SOURCE = "_hw_source"  # the row's place in the batch (upserts: the last one per key wins)
 WRITE_STEP = "write"
 NULL_KEY = "HW-PIPE-402"
 
@@ -153,10 +155,11 @@ class BatchPlan:
         return F.col(NOVEL) | (routed & self._unseen())
 
     # -- the frame -----------------------------------------------------------------------
-    def frame(self, keep: tuple[str, ...] = ()) -> DataFrame:
+    def frame(self) -> DataFrame:
         """``_hw_table`` (normalised; "" for skipped and failed rows and rows of tables not
         known yet, which are novel), ``_hw_error``, ``_hw_novel``, ``_hw_order``, every
-        table's columns, and the columns ``keep``."""
+        table's columns, and ``_hw_source``: the source record (``SOURCE_COLUMNS``) of failed
+        rows, for the failed store (null on the others)."""
         table = F.col(TABLE)
         error = F.col(ERROR)
         values: dict[str, SparkColumn] = {}
@@ -175,8 +178,9 @@ class BatchPlan:
         for tp in self.tables.values():
             normalised = F.when(table == tp.routed, F.lit(tp.schema.name)).otherwise(normalised)
         out = self.events.withColumn(ERROR, error).withColumn(NOVEL, self.novel())
+        source = F.struct(*[F.col(c) for c in SOURCE_COLUMNS])
         return out.select(
-            *[F.col(c) for c in keep],
+            F.when(F.col(ERROR).isNotNull(), source).alias(SOURCE),
             F.when(F.col(ERROR).isNull(), normalised).otherwise(F.lit("")).alias(TABLE),
             F.col(ERROR),
             F.col(NOVEL),

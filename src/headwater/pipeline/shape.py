@@ -6,7 +6,7 @@ arrays kept whole) and whether its text was always an ISO 8601 date-time. From i
 
 - the Spark schema each event's JSON text is parsed with, once, by ``from_json``
   (``text_schema``): a leaf of one kind gets that type; ints and floats ``double``; a leaf that
-  held objects or arrays ``string`` (the JSON text); other mixes ``variant``, which keeps each
+  held objects or arrays ``variant`` (kept whole, as JSON); other mixes ``variant`` too, which keeps each
   value's own kind for typing; date-time text is parsed as text and converted after;
 - ``novel(...)``: per event, whether it holds anything the shape does not know (a key the schema
   lacks, a value the parse could not take, a date-time that is not one). It compares the number
@@ -65,8 +65,10 @@ class Leaf:
     def parse_type(self) -> DataType:
         """How ``from_json`` reads the leaf."""
         k = self.kinds
-        if JSON in k or k == {STRING}:
+        if k == {STRING}:
             return StringType()
+        if JSON in k:  # objects and arrays kept whole, as themselves (an archive keeps them)
+            return VariantType()
         if k == {BOOL}:
             return BooleanType()
         if k == {INT64}:
@@ -200,7 +202,7 @@ def _present(
         leaf = shape.leaves[path]
         one = value.isNotNull().cast("int")
         if JSON in leaf.kinds:  # the keys inside objects and arrays kept whole count too
-            one = one + F.coalesce(key_count(value), F.lit(0))
+            one = one + F.coalesce(key_count(F.to_json(value)), F.lit(0))
         present.append(one)
         if isinstance(f.dataType, VariantType):
             kind = variant_kind(value)

@@ -38,6 +38,7 @@ from headwater.pipeline.failed import FailedEvent, FailedStore, make_id, now_iso
 from headwater.pipeline.plan import (
     NULL_KEY,
     ORDER,
+    SOURCE,
     WRITE_STEP,
     BatchPlan,
     Knowledge,
@@ -128,7 +129,7 @@ class DestinationWriter:
             stats.plans += 1
             with stats.phase("plan"):
                 plan = self.plan(df)
-                frame = plan.frame(keep=SOURCE_COLUMNS).persist()
+                frame = plan.frame().persist()
             try:
                 with stats.phase("steps"):  # the steps run here, into the persisted frame
                     counts = (
@@ -214,9 +215,11 @@ class DestinationWriter:
             raise
         except Exception as exc:
             log.error("destination %s batch %d: write failed: %s", self.dest.id, batch_id, exc)
-            everything = frame.where(F.col(TABLE) != "")
+            # every routed row: their source records come from the batch itself
+            everything = plan.events.where(F.col(ERROR).isNull() & (F.col(TABLE) != ""))
             self._fail(
-                everything.withColumn(ERROR, failure(WRITE_STEP, WRITE_FAILED, str(exc)[:2000])),
+                everything.withColumn(ERROR, failure(WRITE_STEP, WRITE_FAILED, str(exc)[:2000]))
+                .select(F.struct(*SOURCE_COLUMNS).alias(SOURCE), ERROR),
                 stats,
             )
             destination.write_batch(self.dest.id, batch_id, {})
@@ -226,7 +229,7 @@ class DestinationWriter:
             stats.written += t.num_rows
 
     def _fail(self, failed: DataFrame, stats: BatchStats) -> None:
-        rows = failed.select(*SOURCE_COLUMNS, ERROR).collect()
+        rows = failed.select(f"{SOURCE}.*", ERROR).collect()
         if not rows:
             return
         at = now_iso()
