@@ -6,8 +6,8 @@ arrays kept whole) and whether its text was always an ISO 8601 date-time. From i
 
 - the Spark schema each event's JSON text is parsed with, once, by ``from_json``
   (``text_schema``): a leaf of one kind gets that type; ints and floats ``double``; a leaf that
-  held objects or arrays ``variant`` (kept whole, as JSON); other mixes ``variant`` too, which keeps each
-  value's own kind for typing; date-time text is parsed as text and converted after;
+  held objects or arrays ``variant`` (kept whole, as JSON), and so do other mixes, which keeps
+  each value's own kind for typing; date-time text is parsed as text and converted after;
 - ``novel(...)``: per event, whether it holds anything the shape does not know (a key the schema
   lacks, a value the parse could not take, a date-time that is not one). It compares the number
   of keys with a non-null value in the JSON text, counted natively on the text, against the
