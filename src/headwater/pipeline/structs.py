@@ -58,14 +58,14 @@ def _set(node: Column | None, struct: DataType | None, path: Path, value: Column
     if isinstance(child_type, StructType):
         assert child is not None
         # a null object gets one of the same type (all fields null) so both branches agree
-        filled = F.coalesce(child, _nulls(child_type))
+        filled = F.coalesce(child, nulls(child_type))
         built = _set(filled, child_type, rest, value)
     else:
         built = _set(None, None, rest, value)
     return node.withField(head, built)
 
 
-def _nulls(struct: StructType) -> Column:
+def nulls(struct: StructType) -> Column:
     """A struct of type ``struct`` with every field null."""
     return F.struct(*[F.lit(None).cast(f.dataType).alias(f.name) for f in struct.fields])
 

@@ -12,8 +12,11 @@ from headwater.destinations.base import Column, TableSchema
 from headwater.destinations.dialect import Dialect
 from headwater.destinations.types import ColumnType as T
 from headwater.destinations.types import fits, promote
-from headwater.pipeline.steps.decode import decode
-from headwater.pipeline.steps.flatten import Field, infer_fields, parse_schema
+from headwater.pipeline import shape as sh
+from headwater.pipeline.columns import EVENT
+from headwater.pipeline.steps import flatten
+from headwater.pipeline.steps.decode import infer_shape, json_text, parse
+from headwater.pipeline.steps.flatten import parse_schema
 from headwater.pipeline.steps.typing import plan_columns, project, target_schema
 from headwater.testing.pipeline import batch
 
@@ -32,13 +35,21 @@ class Plain(Dialect):
 DIALECT = Plain()
 
 
+def decoded(spark, values):
+    """The batch parsed against its own shape, and its fields."""
+    df = json_text(batch(spark, values))
+    shape: sh.Shape = infer_shape(df)
+    df = parse(df, shape)
+    return df, flatten.fields_of(df.schema[EVENT].dataType, shape.kinds_of)
+
+
 def fields_of(spark, values):
-    return {f.path: f for f in infer_fields(decode(batch(spark, values)))}
+    return {f.path: f for f in decoded(spark, values)[1]}
 
 
 def rows_of(spark, values, existing=None, explicit=None):
-    df = decode(batch(spark, values))
-    plans = plan_columns(infer_fields(df), DIALECT, existing, explicit)
+    df, fields = decoded(spark, values)
+    plans = plan_columns(fields, DIALECT, existing, explicit)
     out = project(df.orderBy("offset"), plans)
     return target_schema("t", plans), [r.asDict() for r in out.collect()]
 
@@ -67,10 +78,10 @@ def test_parse_variant_schema_with_quoted_names():
 
 def test_nested_objects_flatten_and_arrays_are_json(spark):
     f = fields_of(spark, [{"user": {"address": {"city": "Oslo"}, "age": 3}, "tags": ["a", 1]}])
-    assert f == {
-        ("user", "address", "city"): Field(("user", "address", "city"), T.STRING),
-        ("user", "age"): Field(("user", "age"), T.INT64),
-        ("tags",): Field(("tags",), T.STRING, json_text=True),
+    assert {p: (v.type, v.json_text) for p, v in f.items()} == {
+        ("user", "address", "city"): (T.STRING, False),
+        ("user", "age"): (T.INT64, False),
+        ("tags",): (T.STRING, True),
     }
     _, rows = rows_of(spark, [{"user": {"address": {"city": "Oslo"}}, "tags": ["a", 1]}])
     assert rows == [{"user_address_city": "Oslo", "tags": '["a",1]'}]

@@ -23,7 +23,7 @@ from pyspark.sql.types import StringType, StructType
 
 from headwater.bus import context
 from headwater.pipeline.columns import EVENT, header, with_event
-from headwater.pipeline.structs import type_at
+from headwater.pipeline.structs import nulls, type_at
 
 CTX = "eventn_ctx"
 
@@ -65,15 +65,12 @@ def enrich_context(df: DataFrame) -> DataFrame:
     ctx_type = type_at(struct, (CTX,))
     ctx_values = {path[1]: header(name) for path, name in FIELDS if path[0] == CTX}
     if isinstance(ctx_type, StructType):
-        ctx = event.getField(CTX)
+        ctx = F.coalesce(event.getField(CTX), nulls(ctx_type))  # the client's object, or one
         for key, value in ctx_values.items():
             if key in ctx_type.names:
                 value = _keep_or(ctx.getField(key).cast("string"), value)
             ctx = ctx.withField(key, value)
-        built = F.when(
-            event.getField(CTX).isNull(), F.struct(*[v.alias(k) for k, v in ctx_values.items()])
-        ).otherwise(ctx)
-        event = event.withField(CTX, built)
+        event = event.withField(CTX, ctx)
     else:
         event = event.withField(CTX, F.struct(*[v.alias(k) for k, v in ctx_values.items()]))
     # event_type: the event's own, else the header's

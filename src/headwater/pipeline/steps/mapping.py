@@ -25,6 +25,7 @@ from headwater.pipeline.config import MappingConfig
 from headwater.pipeline.structs import drop_path, get_path, set_path, type_at
 
 Path = tuple[str, ...]
+MOVED = "_hw_moved"
 
 
 def apply_mapping(df: DataFrame, mapping: MappingConfig) -> DataFrame:
@@ -42,8 +43,11 @@ def apply_mapping(df: DataFrame, mapping: MappingConfig) -> DataFrame:
             previous = get_path(event, struct, dst)
             if previous is not None and type_at(struct, dst) == type_at(struct, src):
                 value = F.coalesce(value, previous)  # a null src leaves dst as it was
+            # the value is taken aside before its field is dropped, then set where it goes
+            df = df.withColumn(MOVED, value)
             df = with_event(df, drop_path(event, struct, src))
-            df = with_event(df, set_path(F.col(EVENT), _struct(df), dst, value))
+            df = with_event(df, set_path(F.col(EVENT), _struct(df), dst, F.col(MOVED)))
+            df = df.drop(MOVED)
         elif rule.action == "remove":
             df = with_event(df, drop_path(event, struct, _path(rule.src)))
         elif rule.action == "constant":
