@@ -18,9 +18,13 @@ the novel rows only (``learn``) and plans again; in the steady state that never 
 
 from __future__ import annotations
 
+import json
 import operator
+import os
 from dataclasses import dataclass, field
 from functools import reduce
+from pathlib import Path as FilePath
+from typing import Any
 
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
@@ -51,6 +55,8 @@ from headwater.pipeline.steps.typing import SPARK_TYPES, ColumnPlan, column_valu
 from headwater.pipeline.structs import Path
 
 ORDER = "_hw_order"
+ROUTED = "_hw_routed"  # the table routing named, before normalising (novel tables included)
+NOVEL_TEXT = "_hw_novel_text"  # a novel row's JSON text, to learn from
 SOURCE = "_hw_source"  # the row's place in the batch (upserts: the last one per key wins)
 WRITE_STEP = "write"
 NULL_KEY = "HW-PIPE-402"
@@ -60,6 +66,40 @@ NULL_KEY = "HW-PIPE-402"
 class Knowledge:
     shape: sh.Shape = field(default_factory=sh.Shape)
     tables: dict[str, set[Path]] = field(default_factory=dict)  # routed name -> fields seen
+
+    def to_json(self) -> str:
+        leaves = [
+            {"path": list(p), "kinds": sorted(leaf.kinds), "timestamp": leaf.timestamp}
+            for p, leaf in self.shape.leaves.items()
+        ]
+        tables = {t: sorted(list(p) for p in paths) for t, paths in self.tables.items()}
+        return json.dumps({"version": 1, "leaves": leaves, "tables": tables})
+
+    @classmethod
+    def from_json(cls, text: str) -> Knowledge:
+        data = json.loads(text)
+        leaves = {
+            tuple(x["path"]): sh.Leaf(frozenset(x["kinds"]), bool(x["timestamp"]))
+            for x in data["leaves"]
+        }
+        tables = {t: {tuple(p) for p in paths} for t, paths in data["tables"].items()}
+        return cls(sh.Shape(leaves), tables)
+
+    def save(self, path: FilePath) -> None:
+        """Write atomically (a restarted writer starts from it instead of inferring)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.to_json())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: FilePath) -> Knowledge:
+        """What was saved, or nothing known when there is no file or it cannot be read (it is
+        only a hint: the destination's tables are the truth, and novel rows are learned)."""
+        try:
+            return cls.from_json(path.read_text())
+        except (OSError, ValueError, KeyError, TypeError):
+            return cls()
 
 
 @dataclass(frozen=True)
@@ -103,9 +143,7 @@ class BatchPlan:
         struct = events.schema[EVENT].dataType
         self.struct = struct if isinstance(struct, StructType) else StructType([])
         origin = trace(config.mapping, list(knowledge.shape.leaves))
-        self.fields = fields_of(
-            self.struct, lambda p: knowledge.shape.kinds_of(origin.get(p, p))
-        )
+        self.fields = fields_of(self.struct, lambda p: knowledge.shape.kinds_of(origin.get(p, p)))
         self.tables = self._plan_tables()
 
     # -- planning ------------------------------------------------------------------------
@@ -179,13 +217,36 @@ class BatchPlan:
             normalised = F.when(table == tp.routed, F.lit(tp.schema.name)).otherwise(normalised)
         out = self.events.withColumn(ERROR, error).withColumn(NOVEL, self.novel())
         source = F.struct(*[F.col(c) for c in SOURCE_COLUMNS])
+        novel = F.col(NOVEL)
         return out.select(
             F.when(F.col(ERROR).isNotNull(), source).alias(SOURCE),
+            F.when(F.col(ERROR).isNull(), F.col(TABLE)).alias(ROUTED),
+            F.when(novel, F.col(JSON_TEXT)).alias(NOVEL_TEXT),
+            *[F.when(novel, _leaf(f).isNotNull()).alias(flag) for flag, f in self.flags()],
             F.when(F.col(ERROR).isNull(), normalised).otherwise(F.lit("")).alias(TABLE),
             F.col(ERROR),
             F.col(NOVEL),
             order().alias(ORDER),
             *[v.alias(k) for k, v in values.items()],
+        )
+
+    def flags(self) -> list[tuple[str, Field]]:
+        """The frame's per-field columns saying, on novel rows, whether the field has a value
+        (what a table learns; none for archives, whose tables have no fields)."""
+        if self.destination.archives_events:
+            return []
+        return [(f"_hw_f{i}", f) for i, f in enumerate(self.fields)]
+
+    def summary(self, frame: DataFrame) -> list[Any]:
+        """The batch in one small result (the job that computes, and caches, the frame): per
+        routed table, ok or failed, novel or not, the row count and, for novel rows, which
+        fields had a value."""
+        flags = [F.max(F.col(flag)).alias(flag) for flag, _ in self.flags()]
+        ok = F.col(ERROR).isNull().alias("ok")
+        return (
+            frame.groupBy(ROUTED, TABLE, ok, NOVEL)
+            .agg(F.count(F.lit(1)).alias("count"), *flags)
+            .collect()
         )
 
     def _null_key(
@@ -223,45 +284,41 @@ def _archive_values() -> list[tuple[str, SparkColumn]]:
 
 
 # -- learning from novel rows -----------------------------------------------------------------
-def learn_shape(events: DataFrame, shape: sh.Shape) -> bool:
-    """Widen ``shape`` with what the novel rows' JSON holds; True when it changed."""
-    text = F.col(JSON_TEXT)
+def learn_shape(frame: DataFrame, shape: sh.Shape, sample: int | None = None) -> bool:
+    """Widen ``shape`` with what the novel rows' JSON holds (the first ``sample`` of them,
+    inferred here from their text; or all of them, inferred by Spark); True when it changed.
+    ``frame`` is the batch's (cached) frame."""
+    text = F.col(NOVEL_TEXT)
     is_object = F.ltrim(text, F.lit(JSON_WHITESPACE)).startswith("{")
-    rows = events.where(F.col(NOVEL) & is_object).select(F.try_parse_json(text).alias("v"))
-    return shape.merge(sh.infer(rows, "v"))
+    rows = frame.where(text.isNotNull() & is_object)
+    if sample is not None:
+        texts = [r[0] for r in rows.select(text).limit(sample).collect()]
+        return shape.merge(sh.infer_texts(texts))
+    return shape.merge(sh.infer(rows.select(F.try_parse_json(text).alias("v")), "v"))
 
 
-def learn_tables(plan: BatchPlan, knowledge: Knowledge) -> bool:
-    """Add, per table, the fields the novel rows have a value in; True when any was new.
+def learn_first(df: DataFrame, shape: sh.Shape, sample: int) -> bool:
+    """Widen ``shape`` from the first ``sample`` events of a source batch (a writer that knows
+    nothing yet starts from this guess instead of a pass in which every row is novel)."""
+    text = F.col(JSON_TEXT)
+    rows = json_text(df).where(F.col(ERROR).isNull() & text.isNotNull()).select(text)
+    return shape.merge(sh.infer_texts(r[0] for r in rows.limit(sample).collect()))
 
-    Conditional aggregates, not a filter: Spark would push a filter on ``novel`` down into the
-    steps' projections and copy the event's expression into it once per field."""
-    routed = F.col(ERROR).isNull() & (F.coalesce(F.col(TABLE), F.lit("")) != "")
-    flagged = plan.events.select(TABLE, (routed & plan.novel()).alias(NOVEL), *_seen_flags(plan))
-    novel = F.col(NOVEL)
-    aggs = [F.max(novel.cast("int")).alias("_hw_any")]
-    if not plan.destination.archives_events:
-        aggs += [
-            F.max(novel & F.col(f"f{i}")).alias(f"f{i}") for i in range(len(plan.fields))
-        ]
+
+def learn_tables(plan: BatchPlan, summary: list[Any], knowledge: Knowledge) -> bool:
+    """Add, per routed table, the fields its novel rows had a value in (from the batch's
+    summary); True when a table or a field was new."""
     changed = False
-    for row in flagged.groupBy(TABLE).agg(*aggs).collect():
-        if not row["_hw_any"]:
+    for row in summary:
+        name = row[ROUTED]
+        if not row[NOVEL] or not row["ok"] or not name:
             continue
-        name = row[TABLE]
         new_table = name not in knowledge.tables
         seen = knowledge.tables.setdefault(name, set())
         before = len(seen)
-        if not plan.destination.archives_events:
-            seen.update(f.path for i, f in enumerate(plan.fields) if row[f"f{i}"])
+        seen.update(f.path for flag, f in plan.flags() if row[flag])
         changed = changed or new_table or len(seen) != before
     return changed
-
-
-def _seen_flags(plan: BatchPlan) -> list[SparkColumn]:
-    if plan.destination.archives_events:
-        return []
-    return [_leaf(f).isNotNull().alias(f"f{i}") for i, f in enumerate(plan.fields)]
 
 
 def widen_tables(destination: Destination, plans: dict[str, TablePlan]) -> None:

@@ -23,10 +23,12 @@ one runs with no inference at all.
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import reduce
 
+import orjson
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -136,36 +138,29 @@ class Shape:
 
 
 # -- per event: does it fit the shape? ---------------------------------------------------------
-def _count(text: Column, pattern: str) -> Column:
-    return (F.length(text) - F.length(F.replace(text, F.lit(pattern), F.lit("")))) / len(pattern)
-
-
 def key_count(text: Column) -> Column:
     """Keys with a non-null value in JSON text (too high when strings hold ``":``; never too
-    low unless whitespace other than a space stands before a colon: see ``novel``)."""
-    keys = _count(text, '":') + _count(text, '" :')
-    nulls = (
-        _count(text, '":null')
-        + _count(text, '": null')
-        + _count(text, '" :null')
-        + _count(text, '" : null')
-    )
+    low unless whitespace other than a space stands before a colon: see ``novel``). Two
+    regex scans, no string built (measured: cheaper than counting by replacement)."""
+    keys = F.regexp_count(text, F.lit('" ?:'))
+    nulls = F.regexp_count(text, F.lit('" ?: ?null'))
     return keys - nulls
 
 
 def variant_kind(value: Column) -> Column:
-    """Per row, the kind (``KINDS``) of a VARIANT value; null for null."""
-    name = F.split(F.schema_of_variant(value), "<")[0]
-    decimal = name.startswith("DECIMAL")
-    whole = F.regexp_extract(F.schema_of_variant(value), r",\s*(\d+)\)", 1) == "0"
+    """Per row, the kind (``KINDS``) of a VARIANT value parsed from JSON; null for null. Read
+    from the value's JSON text (first character, and a fraction or exponent for numbers):
+    cheaper than ``schema_of_variant``."""
+    text = F.to_json(value)
+    first = F.substring(text, 1, 1)
+    fraction = text.contains(".") | text.contains("e") | text.contains("E")
     return (
-        F.when(value.isNull() | (name == "VOID"), F.lit(None))
-        .when(name == "BOOLEAN", F.lit(BOOL))
-        .when(name.isin("TINYINT", "SMALLINT", "INT", "BIGINT"), F.lit(INT64))
-        .when(decimal & whole, F.lit(INT64))
-        .when(decimal | name.isin("FLOAT", "DOUBLE"), F.lit(FLOAT64))
-        .when(name.isin("OBJECT", "ARRAY"), F.lit(JSON))
-        .otherwise(F.lit(STRING))
+        F.when(value.isNull() | (text == "null"), F.lit(None))
+        .when(first == '"', F.lit(STRING))
+        .when(first.isin("t", "f"), F.lit(BOOL))
+        .when(first.isin("{", "["), F.lit(JSON))
+        .when(fraction, F.lit(FLOAT64))
+        .otherwise(F.lit(INT64))
     )
 
 
@@ -227,6 +222,49 @@ def to_values(parsed: Column, shape: Shape) -> Column:
 
 
 # -- the slow path: what novel events hold ------------------------------------------------------
+_ISO = re.compile(ISO_TIMESTAMP, re.ASCII)
+
+
+def infer_texts(texts: Iterable[str]) -> dict[Path, Leaf]:
+    """The leaves of JSON objects given as text, inferred here in Python (a sample of a
+    batch's novel events: far cheaper than a Spark job). The same rules as ``infer``."""
+    kinds: dict[Path, set[str]] = {}
+    iso: dict[Path, bool] = {}
+    for text in texts:
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            _walk(value, (), kinds, iso)
+    return {
+        p: Leaf(frozenset(k), iso.get(p, False) and STRING in k) for p, k in kinds.items()
+    }
+
+
+def _walk(
+    obj: dict, prefix: Path, kinds: dict[Path, set[str]], iso: dict[Path, bool]
+) -> None:
+    for key, value in obj.items():
+        path = (*prefix, key)
+        if value is None:
+            continue
+        if isinstance(value, dict) and value:
+            _walk(value, path, kinds, iso)
+            continue
+        if isinstance(value, dict | list):
+            kind = JSON
+        elif isinstance(value, bool):
+            kind = BOOL
+        elif isinstance(value, int):
+            kind = INT64
+        elif isinstance(value, float):
+            kind = FLOAT64
+        else:
+            kind = STRING
+            iso[path] = iso.get(path, True) and _ISO.match(value) is not None
+        kinds.setdefault(path, set()).add(kind)
+
 def infer(events: DataFrame, column: str) -> dict[Path, Leaf]:
     """The leaves of the VARIANT objects in ``column``: kinds per path, and for text leaves
     whether every value is an ISO 8601 date-time (native aggregates, two small jobs at most)."""

@@ -19,6 +19,7 @@ For each micro-batch (``batch_id`` from the query's checkpoint) it:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -42,6 +43,7 @@ from headwater.pipeline.plan import (
     WRITE_STEP,
     BatchPlan,
     Knowledge,
+    learn_first,
     learn_shape,
     learn_tables,
     steps,
@@ -54,7 +56,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WRITE_FAILED = "HW-PIPE-401"
-MAX_PLANS = 4  # plans per batch: the first, and re-plans after learning from novel rows
+# Novel rows are learned from a sample first (inference costs far more per row than the
+# batch's own pass), then from all of them: a batch is planned until nothing is left to learn.
+SAMPLES = (2_000, 20_000)
 __all__ = ["NULL_KEY", "WRITE_FAILED", "BatchStats", "DestinationWriter"]
 
 
@@ -86,7 +90,8 @@ class DestinationWriter:
         self.config = config
         self.dest = dest
         self.failed = FailedStore(config)
-        self.knowledge = Knowledge()
+        self.knowledge_path = config.checkpoint_dir() / f"{dest.id}.knowledge.json"
+        self.knowledge = Knowledge.load(self.knowledge_path)
         self._destination: Destination | None = None
         self.last: BatchStats | None = None
         self.batches = 0
@@ -125,26 +130,30 @@ class DestinationWriter:
             stats.replayed_batch = True
             self.last = stats
             return
-        for attempt in range(MAX_PLANS):
+        if not self.knowledge.shape.leaves:  # a new writer: a first guess from a sample
+            with stats.phase("learn"):
+                if learn_first(df, self.knowledge.shape, SAMPLES[0]):
+                    self.knowledge.save(self.knowledge_path)
+        for attempt in itertools.count():
             stats.plans += 1
             with stats.phase("plan"):
                 plan = self.plan(df)
                 frame = plan.frame().persist()
             try:
-                with stats.phase("steps"):  # the steps run here, into the persisted frame
-                    counts = (
-                        frame.groupBy(TABLE, F.col(ERROR).isNull().alias("ok"), NOVEL)
-                        .count()
-                        .collect()
-                    )
-                novel = sum(r["count"] for r in counts if r[NOVEL])
-                if novel and attempt < MAX_PLANS - 1:
+                with stats.phase("steps"):  # the steps run here, into the cached frame
+                    summary = plan.summary(frame)
+                novel = sum(r["count"] for r in summary if r[NOVEL])
+                if novel:
                     with stats.phase("learn"):
-                        learned = self._learn(df, plan)
+                        sample = SAMPLES[attempt] if attempt < len(SAMPLES) else None
+                        learned = self._learn(frame, plan, summary, sample)
+                        if not learned and sample is not None:
+                            learned = self._learn(frame, plan, summary, None)
                     if learned:
+                        self.knowledge.save(self.knowledge_path)
                         continue
                 stats.novel = novel
-                self._write(frame, plan, counts, batch_id, destination, stats)
+                self._write(frame, plan, summary, batch_id, destination, stats)
                 break
             finally:
                 frame.unpersist()
@@ -170,14 +179,15 @@ class DestinationWriter:
             ", ".join(f"{k} {v:.2f}" for k, v in stats.phases.items()),
         )
 
-    def _learn(self, df: DataFrame, plan: BatchPlan) -> bool:
-        """Widen the knowledge from the batch's novel rows; True when anything was new (the
-        batch is then planned again). Rows that stay novel with nothing new to learn (the
-        cheap check can call a row novel that fits) are written as they are."""
-        changed = learn_shape(plan.events, self.knowledge.shape)
-        if changed:
-            plan = self.plan(df)
-        return learn_tables(plan, self.knowledge) or changed
+    def _learn(
+        self, frame: DataFrame, plan: BatchPlan, summary: list[Any], sample: int | None
+    ) -> bool:
+        """Widen the knowledge from the batch's novel rows (the first ``sample`` of them, or
+        all); True when anything was new (the batch is then planned again). Rows that stay
+        novel when all of them teach nothing new (the cheap check can call a row novel that
+        fits) are written as they are."""
+        tables = learn_tables(plan, summary, self.knowledge)
+        return learn_shape(frame, self.knowledge.shape, sample) or tables
 
     def _write(
         self,
@@ -190,7 +200,10 @@ class DestinationWriter:
     ) -> None:
         stats.rows = sum(r["count"] for r in counts)
         stats.skipped = sum(r["count"] for r in counts if r["ok"] and not r[TABLE])
-        rows_per_table = {r[TABLE]: r["count"] for r in counts if r["ok"] and r[TABLE]}
+        rows_per_table: dict[str, int] = {}
+        for r in counts:
+            if r["ok"] and r[TABLE]:
+                rows_per_table[r[TABLE]] = rows_per_table.get(r[TABLE], 0) + r["count"]
         present = {n: tp for n, tp in plan.tables.items() if tp.schema.name in rows_per_table}
         with stats.phase("patch"):
             widen_tables(destination, present)
@@ -218,8 +231,9 @@ class DestinationWriter:
             # every routed row: their source records come from the batch itself
             everything = plan.events.where(F.col(ERROR).isNull() & (F.col(TABLE) != ""))
             self._fail(
-                everything.withColumn(ERROR, failure(WRITE_STEP, WRITE_FAILED, str(exc)[:2000]))
-                .select(F.struct(*SOURCE_COLUMNS).alias(SOURCE), ERROR),
+                everything.withColumn(
+                    ERROR, failure(WRITE_STEP, WRITE_FAILED, str(exc)[:2000])
+                ).select(F.struct(*SOURCE_COLUMNS).alias(SOURCE), ERROR),
                 stats,
             )
             destination.write_batch(self.dest.id, batch_id, {})

@@ -45,6 +45,7 @@ NOT_AN_OBJECT = "HW-PIPE-102"
 INVALID_PROTOBUF = "HW-PIPE-103"
 RAW_FIELD = "_raw_base64"
 PROTO = "_hw_proto"
+PARSED = "_hw_parsed"
 
 
 def json_text(df: DataFrame, protobuf: Mapping[str, ProtobufType] | None = None) -> DataFrame:
@@ -103,7 +104,10 @@ def parse(df: DataFrame, shape: sh.Shape) -> DataFrame:
     novel events that are not JSON objects; ``df`` has ``_hw_json_text``."""
     text = F.col(JSON_TEXT)
     if shape.leaves:
-        parsed = F.from_json(text, shape.text_schema())
+        # parsed once, in a projection of its own: the checks below refer to it many times,
+        # and inlined each reference would parse the text again
+        df = df.withColumn(PARSED, F.from_json(text, shape.text_schema()))
+        parsed = F.col(PARSED)
         is_novel = sh.novel(text, parsed, shape)
         event = sh.to_values(parsed, shape)
     else:
@@ -114,7 +118,8 @@ def parse(df: DataFrame, shape: sh.Shape) -> DataFrame:
     error = F.when(F.col(ERROR).isNotNull(), F.col(ERROR)).when(F.col(NOVEL), strict_error(text))
     df = df.withColumn(ERROR, error)
     ok = F.col(ERROR).isNull()
-    return df.withColumn(NOVEL, F.col(NOVEL) & ok).withColumn(EVENT, F.when(ok, event))
+    out = df.withColumn(NOVEL, F.col(NOVEL) & ok).withColumn(EVENT, F.when(ok, event))
+    return out.drop(PARSED) if shape.leaves else out
 
 
 def decode(
