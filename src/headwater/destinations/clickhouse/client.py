@@ -8,6 +8,12 @@ the same token; the ledger row is written last. A crash in between replays the b
 tokens make the repeated inserts no-ops. With a primary key, tables are ReplacingMergeTree
 ordered by it (read them with ``FINAL``).
 
+Spark tasks cannot open the data folder (the driver's process holds it), so they stage Parquet
+files in ``<path>.staging/<database>/<writer>/<batch>/``; the driver's commit inserts each
+table's files (``file(...)``; with a primary key the highest ``_hw_order`` per key) with the same
+deduplication tokens, then the ledger row, and deletes the files. The embedded server starts on
+the first query, not when the destination is opened (a task never starts one).
+
 chdb runs one embedded server per process, on one data folder: a second folder in the same
 process is refused with an error naming both. ClickHouse servers (``dsn``) are refused with a
 clear error: there is no ClickHouse server on the test machines, so a server client could not
@@ -17,18 +23,31 @@ be tested here (``clickhouse-connect`` would be the way: the same SQL, Arrow ins
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from headwater.destinations.base import (
+    ORDER_COLUMN,
     Column,
     Destination,
     DestinationError,
     DestinationUnavailable,
+    StagedPart,
     TableSchema,
 )
-from headwater.destinations.batches import conform, dedupe_last, schema_of, utc_timestamps
+from headwater.destinations.batches import (
+    by_table,
+    column_type,
+    conform,
+    dedupe_last,
+    remove_files,
+    remove_writer_staging,
+    schema_of,
+    stage_parquet,
+    staged_paths,
+    utc_timestamps,
+)
 from headwater.destinations.clickhouse.dialect import ClickHouseDialect
 from headwater.destinations.sql import LEDGER, TableChanged
 from headwater.destinations.types import ColumnType
@@ -56,10 +75,9 @@ def classify(exc: BaseException) -> HeadwaterError:
     return DestinationError(f"ClickHouse: {text}")
 
 
-def embedded_session(path: Path) -> Any:
-    """The process's chdb session on ``path``."""
-    from chdb import session
-
+def claim(path: Path) -> str:
+    """Reserve ``path`` as this process's chdb folder (refusing a second one) without starting
+    the server."""
     key = str(path.resolve())
     with _SESSIONS_LOCK:
         if key not in _SESSIONS:
@@ -69,6 +87,17 @@ def embedded_session(path: Path) -> Any:
                     f"chdb runs one embedded ClickHouse per process: it is open on {other}, "
                     f"so {key} cannot be opened too"
                 )
+            _SESSIONS[key] = None
+    return key
+
+
+def embedded_session(path: Path) -> Any:
+    """The process's chdb session on ``path`` (started on first use)."""
+    from chdb import session
+
+    key = claim(path)
+    with _SESSIONS_LOCK:
+        if _SESSIONS[key] is None:
             path.mkdir(parents=True, exist_ok=True)
             _SESSIONS[key] = session.Session(key)
         return _SESSIONS[key]
@@ -91,19 +120,28 @@ class ClickHouseDestination(Destination):
         self.database = database
         self._lock = database_lock(path, database)
         self._keys: dict[str, tuple[str, ...]] = {}
-        self._session = embedded_session(path)
-        db = self.dialect.quote(database)
-        self.query(f"CREATE DATABASE IF NOT EXISTS {db}")
-        self.query(
-            f"CREATE TABLE IF NOT EXISTS {db}.{LEDGER} (writer_id String, batch_id Int64, "
-            "committed_at DateTime64(6, 'UTC')) ENGINE = MergeTree ORDER BY (writer_id, batch_id)"
-        )
+        claim(path)
+        self._started: Any = None
+
+    def _session(self) -> Any:
+        """The embedded server, with the database and the ledger (made on first use)."""
+        if self._started is None:
+            started = embedded_session(self.path)
+            db = self.dialect.quote(self.database)
+            started.query(f"CREATE DATABASE IF NOT EXISTS {db}")
+            started.query(
+                f"CREATE TABLE IF NOT EXISTS {db}.{LEDGER} (writer_id String, batch_id Int64, "
+                "committed_at DateTime64(6, 'UTC')) ENGINE = MergeTree "
+                "ORDER BY (writer_id, batch_id)"
+            )
+            self._started = started
+        return self._started
 
     def query(self, sql: str, hw_rows: pa.Table | None = None) -> list[tuple[Any, ...]]:
         """Run ``sql``; it may read the Arrow table ``hw_rows`` as ``Python(hw_rows)`` (chdb
         finds it among this function's locals)."""
         try:
-            result = self._session.query(sql, "ArrowTable")
+            result = self._session().query(sql, "ArrowTable")
         except Exception as exc:
             if any(s in str(exc) for s in _CHANGED):
                 raise TableChanged(f"ClickHouse: the table changed underneath: {exc}") from exc
@@ -188,11 +226,26 @@ class ClickHouseDestination(Destination):
 
     def _insert(self, writer_id: str, batch_id: int, name: str, rows: pa.Table) -> None:
         cols = ", ".join(self.dialect.quote(c) for c in rows.column_names)
+        select = f"SELECT {cols} FROM Python(hw_rows)"
+        self._insert_select(writer_id, batch_id, name, rows.column_names, select, rows)
+
+    def _insert_select(
+        self,
+        writer_id: str,
+        batch_id: int,
+        name: str,
+        columns: list[str],
+        select: str,
+        rows: pa.Table | None = None,
+        schema: TableSchema | None = None,
+    ) -> None:
+        """One deduplicated insert (token ``<writer>:<batch>:<table>``, squashed into one
+        block); a table changed underneath is patched and the insert retried once."""
+        cols = ", ".join(self.dialect.quote(c) for c in columns)
         token = _lit(f"{writer_id}:{batch_id}:{name}")
         sql = (
             f"INSERT INTO {self._table_ref(name)} ({cols}) SETTINGS "
-            f"insert_deduplication_token = '{token}', insert_deduplicate = 1, {SQUASH} "
-            f"SELECT {cols} FROM Python(hw_rows)"
+            f"insert_deduplication_token = '{token}', insert_deduplicate = 1, {SQUASH} {select}"
         )
         for attempt in (1, 2):
             try:
@@ -201,7 +254,78 @@ class ClickHouseDestination(Destination):
             except TableChanged:
                 if attempt == 2:
                     raise
-                self.ensure_table(schema_of(name, rows, self._keys.get(name, ())))
+                if schema is None:
+                    assert rows is not None
+                    schema = schema_of(name, rows, self._keys.get(name, ()))
+                self.ensure_table(schema)
+
+    @property
+    def staging(self) -> Path:
+        return self.path.with_name(self.path.name + ".staging") / self.database
+
+    def stage(
+        self, writer_id: str, batch_id: int, task: str, tables: Mapping[str, pa.Table]
+    ) -> list[StagedPart]:
+        return stage_parquet(self.staging, writer_id, batch_id, task, tables)
+
+    def commit_staged(
+        self,
+        writer_id: str,
+        batch_id: int,
+        parts: Sequence[StagedPart],
+        schemas: Mapping[str, TableSchema],
+    ) -> bool:
+        """As ``write_batch``: every table's insert deduplicated by its token, the ledger row
+        last; ClickHouse casts a staged column to an explicit type strictly (accurateCast)."""
+        import pyarrow.parquet as pq
+
+        with self._lock:
+            if self._recorded(writer_id, batch_id):
+                remove_files(parts)
+                return False
+            for name, group in by_table(parts).items():
+                paths = staged_paths(group)
+                have = self.table(name)
+                key = self._keys.setdefault(name, have.primary_key if have else ())
+                kinds: dict[str, ColumnType] = {}
+                for path in paths:
+                    for f in pq.read_schema(path):
+                        kinds.setdefault(f.name, column_type(f.type))
+                cols = [c for c in kinds if c != ORDER_COLUMN]
+                picks = []
+                for c in cols:
+                    target = have.columns.get(c) if have else None
+                    q = self.dialect.quote(c)
+                    if (
+                        target
+                        and target.sql_type
+                        and self.dialect.column_type(target.sql_type) != kinds[c]
+                    ):
+                        picks.append(f"accurateCast({q}, '{_lit(target.sql_type)}')")
+                    else:
+                        picks.append(q)
+                files = " UNION ALL ".join(
+                    f"SELECT * FROM file('{_lit(p)}', Parquet)" for p in paths
+                )
+                select = f"SELECT {', '.join(picks)} FROM ({files})"
+                if key:
+                    keys = ", ".join(self.dialect.quote(c) for c in key)
+                    select += f" ORDER BY {ORDER_COLUMN} DESC LIMIT 1 BY {keys}"
+                self._insert_select(
+                    writer_id, batch_id, name, cols, select, schema=schemas.get(name)
+                )
+            self.query(
+                f"INSERT INTO {self.dialect.quote(self.database)}.{LEDGER} "
+                f"VALUES ('{_lit(writer_id)}', {int(batch_id)}, now64(6))"
+            )
+        remove_files(parts)
+        return True
+
+    def discard_staged(self, writer_id: str, batch_id: int, parts: Sequence[StagedPart]) -> None:
+        remove_files(parts)
+
+    def clean_staging(self, writer_id: str) -> None:
+        remove_writer_staging(self.staging, writer_id)
 
     def close(self) -> None:
         """The embedded server stays up for the process (chdb allows one)."""

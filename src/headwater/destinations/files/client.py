@@ -9,6 +9,13 @@ written). Every file is written
 under a temporary name and renamed into place, and the ledger (``_headwater_batches/<writer>``,
 the last batch written) is replaced after the batch's files: a replay after a crash writes the
 same names again, so nothing appears twice. Files only append: a primary key is refused.
+
+Spark tasks stage files in ``<path>.staging/<writer>/<batch>/<table>/`` (the same layout below
+the table); the driver's commit is a rename of each into place (``<writer>-<batch>-<part>``),
+made atomic by an intent file: it writes ``_headwater_batches/<writer>.commit`` (the batch and
+every rename) first, then renames, replaces the ledger, and deletes the intent. After a crash
+anywhere in between, the intent is rolled forward (the next commit, ``clean_staging``), so a
+batch's files are there either all or not at all once the ledger is read.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import errno
 import gzip
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,9 +39,19 @@ from headwater.destinations.base import (
     Destination,
     DestinationError,
     DestinationUnavailable,
+    StagedPart,
     TableSchema,
 )
-from headwater.destinations.batches import utc_timestamps
+from headwater.destinations.batches import (
+    part_name,
+    remove_files,
+    remove_writer_staging,
+    stage_parquet,
+    staged_paths,
+    utc_timestamps,
+    without_order,
+    writer_folder,
+)
 from headwater.destinations.dialect import Dialect
 from headwater.destinations.duckdb.dialect import DuckDBDialect
 from headwater.destinations.types import ColumnType
@@ -120,6 +137,8 @@ class FilesDestination(Destination):
         return int(path.read_text()) if path.exists() else None
 
     def write_batch(self, writer_id: str, batch_id: int, tables: Mapping[str, pa.Table]) -> bool:
+        with _classified():
+            self._recover(writer_id)
         done = self.committed(writer_id)
         if done is not None and batch_id <= done:
             return False
@@ -143,8 +162,85 @@ class FilesDestination(Destination):
             os.fsync(f.fileno())
         tmp.replace(path)
 
+    @property
+    def staging(self) -> Path:
+        return self.root.with_name(self.root.name + ".staging")
+
+    def stage(
+        self, writer_id: str, batch_id: int, task: str, tables: Mapping[str, pa.Table]
+    ) -> list[StagedPart]:
+        with _classified():
+            if self.format == "parquet":
+                return stage_parquet(
+                    self.staging, writer_id, batch_id, task, tables, keep_order=False
+                )
+            parts = []
+            for name, rows in tables.items():
+                if not rows.num_rows:
+                    continue
+                folder = writer_folder(self.staging, writer_id) / str(batch_id) / name
+                for path, count in self._jsonl(folder, part_name(task), without_order(rows)):
+                    parts.append(StagedPart(name, count, str(path), task))
+            return parts
+
+    def commit_staged(
+        self,
+        writer_id: str,
+        batch_id: int,
+        parts: Sequence[StagedPart],
+        schemas: Mapping[str, TableSchema],
+    ) -> bool:
+        with _classified():
+            self._recover(writer_id)
+            done = self.committed(writer_id)
+            if done is not None and batch_id <= done:
+                remove_files(parts)
+                return False
+            staged_paths(parts)  # all still there
+            batch = writer_folder(self.staging, writer_id) / str(batch_id)
+            moves = []
+            for part in parts:
+                rel = Path(part.ref).relative_to(batch)
+                final = self.root / rel.parent / f"{writer_id}-{batch_id:012d}-{rel.name}"
+                moves.append((part.ref, str(final)))
+            intent = {"batch_id": batch_id, "moves": moves}
+            _replace(self._intent(writer_id), json.dumps(intent).encode())
+            self._recover(writer_id)
+            remove_files(parts)  # the folders they leave empty
+        return True
+
+    def _intent(self, writer_id: str) -> Path:
+        return self.root / LEDGER / f"{writer_id}.commit"
+
+    def _recover(self, writer_id: str) -> None:
+        """Carry out a commit's intent, if one is there: its renames (those not done yet,
+        each file made durable first), then the ledger; then forget it."""
+        path = self._intent(writer_id)
+        if not path.exists():
+            return
+        intent = json.loads(path.read_text())
+        done = self.committed(writer_id)
+        if done is None or intent["batch_id"] > done:
+            for src, dst in intent["moves"]:
+                if os.path.exists(src):
+                    with open(src, "rb") as f:
+                        os.fsync(f.fileno())
+                    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(src, dst)
+            _replace(self.root / LEDGER / writer_id, str(intent["batch_id"]).encode())
+        path.unlink()
+
+    def discard_staged(self, writer_id: str, batch_id: int, parts: Sequence[StagedPart]) -> None:
+        with _classified():
+            remove_files(parts)
+
+    def clean_staging(self, writer_id: str) -> None:
+        with _classified():
+            self._recover(writer_id)  # an interrupted commit's files are the batch's
+            remove_writer_staging(self.staging, writer_id)
+
     @staticmethod
-    def _jsonl(folder: Path, stem: str, rows: pa.Table) -> None:
+    def _jsonl(folder: Path, stem: str, rows: pa.Table) -> list[tuple[Path, int]]:
         """``rows``: ``event`` (JSON text) and ``_timestamp``, as ``archives_events`` says."""
         missing = {ARCHIVE_EVENT, ARCHIVE_TIMESTAMP} - set(rows.column_names)
         if missing:
@@ -159,9 +255,12 @@ class FilesDestination(Destination):
         for text, at in zip(events, times, strict=True):
             day = at.astimezone(UTC).date().isoformat() if isinstance(at, datetime) else today
             days.setdefault(day, []).append(text.encode())
+        written = []
         for day, lines in days.items():
             data = gzip.compress(b"\n".join(lines) + b"\n", mtime=0)
             _replace(folder / day / f"{stem}.jsonl.gz", data)
+            written.append((folder / day / f"{stem}.jsonl.gz", len(lines)))
+        return written
 
     def close(self) -> None:
         """Nothing stays open."""
