@@ -91,6 +91,18 @@ def classify(exc: BaseException) -> HeadwaterError:
 
 
 def to_csv(rows: pa.Table) -> bytes:
+    """The rows as CSV for COPY. Timestamps with a time zone are written as UTC text with a
+    ``Z`` by hand: Arrow's CSV writer formats them 17x slower than naive ones (1.43 s against
+    0.08 s for 5 columns of 250k values), most of a wide batch's CSV time."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for i, f in enumerate(rows.schema):
+        if pa.types.is_timestamp(f.type) and f.type.tz is not None:
+            utc = rows.column(i).cast(pa.timestamp(f.type.unit, tz="UTC"))
+            naive = utc.cast(pa.timestamp(f.type.unit))
+            text = pc.binary_join_element_wise(naive.cast(pa.string()), "Z", "")
+            rows = rows.set_column(i, f.name, text)
     buf = io.BytesIO()
     pacsv.write_csv(rows, buf, CSV_OPTIONS)
     return buf.getvalue()
