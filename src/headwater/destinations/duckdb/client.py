@@ -198,7 +198,9 @@ class DuckDBDestination(SqlDestination):
         groups = {table: staged_paths(ps) for table, ps in by_table(parts).items()}
         with self._using() as s:
             assert isinstance(s, DuckDBSession)
-            keys = {t: schemas[t].primary_key if t in schemas else self._key(s, t) for t in groups}
+            # the schema's key, else the catalog's (as write_batch: a table keyed elsewhere)
+            keys = {t: (schemas[t].primary_key if t in schemas else ()) for t in groups}
+            keys = {t: k or self._key(s, t) for t, k in keys.items()}
 
             def move() -> None:
                 for table, paths in groups.items():

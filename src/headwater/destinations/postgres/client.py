@@ -333,7 +333,9 @@ class PostgresDestination(SqlDestination):
                     f"PostgreSQL: {len(gone)} staging table(s) are gone (cleaned up?), e.g. "
                     f"{STAGING_SCHEMA}.{gone[0]}: the batch must be staged again"
                 )
-            keys = {t: schemas[t].primary_key if t in schemas else self._key(s, t) for t in groups}
+            # the schema's key, else the catalog's (as write_batch: a table keyed elsewhere)
+            keys = {t: (schemas[t].primary_key if t in schemas else ()) for t in groups}
+            keys = {t: k or self._key(s, t) for t, k in keys.items()}
 
             def move() -> None:
                 for table, ps in groups.items():
