@@ -99,7 +99,7 @@ class SinkOptions:
     config_json: str
     destination: str
     batch_id: int
-    tables: dict[str, list[str]]
+    tables: dict[str, list[str | list[str]]]
     manifest: str
     chunk_rows: int
 
@@ -117,7 +117,8 @@ class SinkOptions:
             destination=options["destination"],
             batch_id=int(options["batch_id"]),
             tables={
-                str(t): [str(c) for c in cols] for t, cols in json.loads(options["tables"]).items()
+                str(t): [c if isinstance(c, str) else [str(x) for x in c] for c in cols]
+                for t, cols in json.loads(options["tables"]).items()
             },
             manifest=options["manifest"],
             chunk_rows=int(options.get("chunkRows", CHUNK_ROWS)),
@@ -180,8 +181,12 @@ class SinkWriter(_Writer):  # type: ignore[misc,valid-type]
 class TableBuffers:
     """A task's rows per target table, each table's own columns (and ``_hw_order``)."""
 
-    def __init__(self, tables: Mapping[str, Sequence[str]]) -> None:
-        self.columns = {t: [*cols, ORDER_COLUMN] for t, cols in tables.items()}
+    def __init__(self, tables: Mapping[str, Sequence[str | Sequence[str]]]) -> None:
+        # a column is its name, or [its name in the table, its name in the frame] (two tables
+        # may hold columns of one name and different types: the frame names them apart)
+        pairs = {t: [_pair(c) for c in cols] for t, cols in tables.items()}
+        self.columns = {t: [f for _, f in p] + [ORDER_COLUMN] for t, p in pairs.items()}
+        self.names = {t: [c for c, _ in p] + [ORDER_COLUMN] for t, p in pairs.items()}
         self.batches: dict[str, list[pa.RecordBatch]] = {}
         self.rows: dict[str, int] = {}
 
@@ -195,7 +200,8 @@ class TableBuffers:
             if table is None or table not in self.columns:
                 raise ValueError(f"{SINK_NAME}: a row's {TABLE_COLUMN} {table!r} is no table")
             mine = batch.filter(pc.equal(names, table)) if len(self.columns) > 1 else batch
-            self.batches.setdefault(table, []).append(mine.select(self.columns[table]))
+            picked = mine.select(self.columns[table]).rename_columns(self.names[table])
+            self.batches.setdefault(table, []).append(picked)
             self.rows[table] = self.rows.get(table, 0) + mine.num_rows
 
     def take(self, at_least: int) -> dict[str, pa.Table]:
@@ -208,6 +214,14 @@ class TableBuffers:
                 out[table] = pa.Table.from_batches(self.batches.pop(table))
                 del self.rows[table]
         return out
+
+
+def _pair(column: str | Sequence[str]) -> tuple[str, str]:
+    """(name in the table, name in the frame)."""
+    if isinstance(column, str):
+        return column, column
+    name, frame_name = column
+    return name, frame_name
 
 
 def task_name() -> str:
@@ -233,7 +247,7 @@ def stage_frame(
     config: HeadwaterConfig,
     dest: DestinationConfig,
     batch_id: int,
-    tables: Mapping[str, Sequence[str]],
+    tables: Mapping[str, Sequence[str | Sequence[str]]],
     *,
     chunk_rows: int | None = None,
 ) -> list[StagedPart]:

@@ -19,6 +19,7 @@ For each micro-batch (``batch_id`` from the query's checkpoint) it:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -43,6 +44,7 @@ from headwater.pipeline.plan import (
     WRITE_STEP,
     BatchPlan,
     Knowledge,
+    TablePlan,
     learn_first,
     learn_shape,
     learn_tables,
@@ -210,23 +212,18 @@ class DestinationWriter:
         if any(not r["ok"] for r in counts):
             with stats.phase("failed"):
                 self._fail(frame.where(F.col(ERROR).isNotNull()), stats)
-        arrow: dict[str, pa.Table] = {}
-        with stats.phase("project"):
-            for tp in present.values():
-                name = tp.schema.name
-                if name in arrow:
-                    continue
-                rows = frame.where(F.col(TABLE) == name)
-                if tp.schema.primary_key:
-                    rows = rows.orderBy(ORDER)
-                cols = [F.col(frame_col).alias(col) for col, frame_col in tp.columns]
-                arrow[name] = rows.select(*cols).toArrow()
+        tables = {tp.schema.name: tp for tp in present.values()}
         try:
             with stats.phase("write"):
-                destination.write_batch(self.dest.id, batch_id, arrow)
+                if stages(destination):
+                    self._stage_and_commit(frame, tables, batch_id, destination)
+                else:
+                    destination.write_batch(self.dest.id, batch_id, _arrow(frame, tables))
         except TransientError:
             raise
         except Exception as exc:
+            if _transient(exc):
+                raise
             log.error("destination %s batch %d: write failed: %s", self.dest.id, batch_id, exc)
             # every routed row: their source records come from the batch itself
             everything = plan.events.where(F.col(ERROR).isNull() & (F.col(TABLE) != ""))
@@ -238,9 +235,32 @@ class DestinationWriter:
             )
             destination.write_batch(self.dest.id, batch_id, {})
             return
-        for name, t in arrow.items():
-            stats.tables[name] = t.num_rows
-            stats.written += t.num_rows
+        for name in tables:
+            stats.tables[name] = rows_per_table[name]
+            stats.written += rows_per_table[name]
+
+    def _stage_and_commit(
+        self,
+        frame: DataFrame,
+        tables: dict[str, TablePlan],
+        batch_id: int,
+        destination: Destination,
+    ) -> None:
+        """Executors stage the rows (``headwater_sink``); the driver commits them with the
+        ledger in one step. Nothing staged is visible unless committed."""
+        from headwater.pipeline.sink import stage_frame
+
+        frame_columns = sorted({fc for tp in tables.values() for _, fc in tp.columns})
+        rows = frame.where(F.col(TABLE) != "").select(TABLE, ORDER, *frame_columns)
+        layout = {name: [list(pair) for pair in tp.columns] for name, tp in tables.items()}
+        parts = stage_frame(rows, self.config, self.dest, batch_id, layout)
+        try:
+            schemas = {name: tp.schema for name, tp in tables.items()}
+            destination.commit_staged(self.dest.id, batch_id, parts, schemas)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                destination.discard_staged(self.dest.id, batch_id, parts)
+            raise
 
     def _fail(self, failed: DataFrame, stats: BatchStats) -> None:
         rows = failed.select(f"{SOURCE}.*", ERROR).collect()
@@ -269,3 +289,28 @@ def _failed_event(destination: str, row: dict[str, Any], at: str) -> FailedEvent
         value=bytes(row["value"] or b""),
         headers=headers,
     )
+
+
+def stages(destination: Destination) -> bool:
+    """Whether the destination stages rows from Spark tasks (else the driver writes)."""
+    return type(destination).stage is not Destination.stage
+
+
+def _arrow(frame: DataFrame, tables: dict[str, TablePlan]) -> dict[str, pa.Table]:
+    """Every table's rows through the driver (destinations that cannot stage)."""
+    out = {}
+    for name, tp in tables.items():
+        rows = frame.where(F.col(TABLE) == name)
+        if tp.schema.primary_key:
+            rows = rows.orderBy(ORDER)
+        out[name] = rows.select(*[F.col(fc).alias(c) for c, fc in tp.columns]).toArrow()
+    return out
+
+
+def _transient(exc: BaseException) -> bool:
+    """A failure a retry may fix, also when it surfaces from a Spark task as text (a task's
+    ``TransientError`` reaches the driver inside Spark's own exception)."""
+    return isinstance(exc, TransientError) or any(c in str(exc) for c in _TRANSIENT_CODES)
+
+
+_TRANSIENT_CODES = ("HW-DST-002", "HW-DST-003")
