@@ -2,8 +2,8 @@
 
 Local mode binds to loopback and runs the Python workers on this interpreter unless
 ``PYSPARK_PYTHON`` says otherwise. The PostgreSQL JDBC driver is put on the classpath when the
-Debian package's jar is there. headwater's Spark data source (``format("headwater")``) is
-registered on every session this module builds.
+Debian package's jar is there. headwater's Spark data source (``format("headwater")``) and its
+sink (``format("headwater_sink")``) are registered on every session this module builds.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def spark_session(config: SparkConfig, app_name: str = "headwater") -> SparkSess
 
 
 def _register_sources(session: SparkSession) -> None:
-    from headwater.pipeline.source import register
+    from headwater.pipeline import sink, source
 
-    register(session)
+    source.register(session)
+    sink.register(session)
