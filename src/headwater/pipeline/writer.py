@@ -104,7 +104,10 @@ class DestinationWriter:
     @property
     def destination(self) -> Destination:
         if self._destination is None:
-            self._destination = open_destination(self.dest, self.config.data_dir)
+            destination = open_destination(self.dest, self.config.data_dir)
+            if stages(destination):  # what a crashed run of this writer staged is not wanted
+                destination.clean_staging(self.dest.id)
+            self._destination = destination
         return self._destination
 
     def close(self) -> None:
