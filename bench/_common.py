@@ -480,3 +480,57 @@ def py_spy_record_pid(
             return out.read_text()
         progress(f"py-spy failed: {done.stderr.decode(errors='replace').strip()[-300:]}")
         return ""
+
+
+# -- memory of a process tree -------------------------------------------------------------------
+class TreeRss:
+    """Samples the summed RSS of a process and all its descendants (default: this process),
+    keeping the peak: Spark's memory is mostly in the JVM and the Python workers, children of
+    the driver, so one process's RSS would miss most of it."""
+
+    def __init__(self, interval: float = 0.2, root: int | None = None) -> None:
+        self.peak = 0
+        self._root = root if root is not None else os.getpid()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._interval = interval
+
+    def __enter__(self) -> TreeRss:
+        self.peak = tree_rss(self._root)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, tree_rss(self._root))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.peak = max(self.peak, tree_rss(self._root))
+
+
+def tree_rss(root: int) -> int:
+    """Bytes resident in ``root`` and every process descended from it, from /proc."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/statm") as f:
+                pages = int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        pid = int(entry)
+        children.setdefault(int(fields[1]), []).append(pid)
+        rss[pid] = pages * page
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo.extend(children.get(pid, []))
+    return total
