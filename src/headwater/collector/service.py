@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import logging
 import time
 import uuid
@@ -94,6 +95,9 @@ class Collector:
         self._trusted = [ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies]
         self.ready = False
         self.draining = False
+        # What else must be healthy for /readyz (``headwater up``: the pipeline's destinations):
+        # returns the failing parts and why, empty when all is well.
+        self.readiness: Callable[[], dict[str, str]] | None = None
 
     # -- context ----------------------------------------------------------------------------
     def client_ip(self, peer: str, headers: Mapping[str, str]) -> str:
@@ -290,6 +294,10 @@ class Collector:
                 return _plain(503, "draining" if self.draining else "starting")
             if self.admission.refusal:
                 return _plain(503, self.admission.refusal)
+            failing = self.readiness() if self.readiness is not None else {}
+            if failing:
+                body = json.dumps({"ready": False, "failing": failing}).encode() + b"\n"
+                return HttpResponse(503, body, JSON)
             return _plain(200, "ready")
         if path == "/metrics":
             return HttpResponse(200, self.metrics.render(), "text/plain; version=0.0.4")

@@ -14,6 +14,7 @@ from headwater.ops.failed_cmds import failed_group
 from headwater.ops.log_cmds import log_group
 from headwater.ops.logs import setup_logging
 from headwater.ops.pipeline_cmds import pipeline_cmd
+from headwater.ops.sql_cmds import sql_cmd
 from headwater.ops.up import Listen, run
 
 EXIT_ERROR = 1
@@ -54,6 +55,7 @@ cli.add_command(config_group)
 cli.add_command(log_group)
 cli.add_command(failed_group)
 cli.add_command(pipeline_cmd)
+cli.add_command(sql_cmd)
 
 
 def _listen_options(f: Any) -> Any:

@@ -1,17 +1,22 @@
-"""``headwater pipeline``: run the destinations' Spark queries."""
+"""``headwater pipeline``: run the destinations' Spark queries; ``headwater pipeline status``:
+how each destination's writer is doing, as the running pipeline last wrote it."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
+import time
+from datetime import UTC, datetime
 
 import click
 
-from headwater.ops.context import cli_config, config_option
+from headwater.ops.context import cli_config, config_option, format_option
 from headwater.ops.logs import setup_logging
+from headwater.ops.output import table
 
 
-@click.command("pipeline")
+@click.group("pipeline", invoke_without_command=True)
 @click.option("--once", is_flag=True, help="Catch every destination up once, then exit.")
 @click.option(
     "--destination", "-d", "destinations", multiple=True, help="Only this one (repeatable)."
@@ -30,7 +35,10 @@ def pipeline_cmd(
     log_format: str,
 ) -> None:
     """Run the configured destinations' queries (Spark local mode by default) until SIGTERM or
-    Ctrl-C; a micro-batch in progress finishes first."""
+    Ctrl-C; a micro-batch in progress finishes first. A destination that fails is retried with
+    backoff until it works again (see ``headwater pipeline status``)."""
+    if ctx.invoked_subcommand is not None:
+        return
     setup_logging(log_format)
     config = cli_config(ctx)
     if master is not None:
@@ -66,3 +74,60 @@ def pipeline_cmd(
     click.echo("headwater: stopped")
     if pipeline.failed():
         ctx.exit(1)
+
+
+@pipeline_cmd.command("status")
+@format_option
+@config_option
+@click.pass_context
+def status_cmd(ctx: click.Context, fmt: str) -> None:
+    """Each destination's writer: state, last successful batch, attempts, last error."""
+    from headwater.pipeline.status import as_json, read_status, status_path
+
+    config = cli_config(ctx)
+    status = read_status(config)
+    if status is None:
+        if fmt == "json":
+            click.echo("[]")
+        else:
+            click.echo(f"no pipeline status yet ({status_path(config)} does not exist)")
+        return
+    now = time.time()
+    if fmt == "json":
+        click.echo(as_json(status.destinations, now))
+        return
+    rows = []
+    for s in status.destinations:
+        since = s.seconds_since_success(now)
+        error = f"{s.last_error_code}: {s.last_error}" if s.last_error_code else s.last_error
+        rows.append(
+            (
+                s.destination,
+                s.state,
+                _when(s.last_success_at),
+                None if since is None else f"{since:.0f}",
+                s.attempts,
+                s.consecutive_failures,
+                error,
+            )
+        )
+    headers = ("destination", "state", "last success", "seconds since", "attempts", "failures")
+    click.echo(table((*headers, "last error"), rows))
+    if not _alive(status.pid):
+        click.echo(f"(written by process {status.pid}, which is no longer running)")
+
+
+def _when(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,9 +1,10 @@
 """Running headwater's server roles: ``headwater up`` (everything on one machine) and
 ``headwater collector`` (the collector alone, for scale-out with ``bus: kafka``).
 
-Both open the configured bus, serve the collector (``/healthz`` answers 200 once it is ready) and
-run until SIGTERM or SIGINT; then they stop gracefully: new requests are refused, in-flight ones
-finish, WebSockets close with 1001, and the bus is flushed and closed (persisting offsets).
+Both open the configured bus, serve the collector (``/healthz`` answers 200 once it is ready;
+``/readyz`` also names, under ``up``, each destination that is failing) and run until
+SIGTERM or SIGINT; then they stop gracefully: new requests are refused, in-flight ones finish,
+WebSockets close with 1001, and the bus is flushed and closed (persisting offsets).
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ async def serve(
         await server.start()
         ws = server.url.replace("http", "ws", 1)
         echo(f"headwater: health at {server.url}/healthz")
+        echo(f"headwater: readiness (every destination writing) at {server.url}/readyz")
         echo(
             f"headwater: events: {ws}/api/v1/events (Raccoon WebSocket), POST {server.url}"
             "/api/v1/events, /v1/batch (Segment), /api/s/{type} (Jitsu), /v1/logs (OTLP)"
@@ -96,6 +98,7 @@ async def serve(
             echo(f"headwater: gRPC EventService on {server.host}:{server.grpc_port}")
         if with_pipeline:
             pipeline = await asyncio.to_thread(start_pipeline, config, echo)
+            collector.readiness = pipeline_readiness(pipeline)
         echo("headwater: ready (stop with Ctrl-C or SIGTERM)")
         await stop.wait()
         echo("headwater: stopping")
@@ -139,6 +142,13 @@ def start_pipeline(config: HeadwaterConfig, echo: Callable[[str], None]) -> Pipe
     for dest in config.pipeline.destinations:
         echo(f"headwater: rows of {dest.id}: {describe_destination(config, dest)}")
     return pipeline
+
+
+def pipeline_readiness(pipeline: Pipeline) -> Callable[[], dict[str, str]]:
+    """For ``/readyz``: the destinations that are failing and why (empty: all healthy)."""
+    from headwater.pipeline.status import unhealthy
+
+    return lambda: unhealthy(pipeline.status.all())
 
 
 def run(

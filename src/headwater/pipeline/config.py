@@ -148,7 +148,8 @@ class ProtobufType(Section):
 
 
 def _default_destinations() -> list[DestinationConfig]:
-    return [DestinationConfig(id="warehouse", type="duckdb")]
+    # Streams, so a newcomer's first event is a row within seconds (batch stays configurable).
+    return [DestinationConfig(id="warehouse", type="duckdb", mode="stream")]
 
 
 class PipelineConfig(Section):

@@ -22,6 +22,7 @@ from headwater.config.model import HeadwaterConfig
 from headwater.errors import ConfigError
 from headwater.pipeline.config import DestinationConfig
 from headwater.pipeline.failed import failed_config, replay_topic
+from headwater.pipeline.status import BACKOFF, Backoff, StatusBoard, classify
 from headwater.pipeline.writer import DestinationWriter
 
 if TYPE_CHECKING:
@@ -62,10 +63,20 @@ class DestinationQuery:
     error: BaseException | None = None
     thread: threading.Thread | None = None
     finished: threading.Event = field(default_factory=threading.Event)
+    stale: bool = False  # the last run failed: the next one gets a fresh writer
 
 
 class Pipeline:
-    """The configured destinations' queries on one SparkSession."""
+    """The configured destinations' queries on one SparkSession.
+
+    Each destination has its own supervisor thread: when its query stops with an error (the
+    writer raised, a destination is locked or down), the thread records it on the status board,
+    waits (``status.BACKOFF``: exponential, capped, with jitter) and starts the query again from
+    its checkpoint, for as long as it takes. A transient failure is expected and logged as a
+    warning; anything else is logged loudly but retried too, since leaving the destination dead
+    helps nobody (a terminal error in one batch's events is handled inside the writer, which
+    sends them to the failed store). One destination's trouble never touches another's thread.
+    """
 
     def __init__(
         self,
@@ -73,10 +84,12 @@ class Pipeline:
         spark: SparkSession,
         destinations: list[str] | None = None,
         echo: Callable[[str], None] = lambda _: None,
+        backoff: Backoff = BACKOFF,
     ) -> None:
         self.config = config
         self.spark = spark
         self.echo = echo
+        self.backoff = backoff
         chosen = config.pipeline.destinations
         if destinations:
             known = {d.id for d in chosen}
@@ -88,15 +101,24 @@ class Pipeline:
                 )
             chosen = [d for d in chosen if d.id in destinations]
         self.queries = [DestinationQuery(d, DestinationWriter(config, d)) for d in chosen]
+        self.status = StatusBoard(config, [(d.id, d.mode) for d in chosen])
         self._stop = threading.Event()
+        self._lock = threading.Lock()
 
     def checkpoint(self, dest: DestinationConfig) -> str:
         return str(self.config.checkpoint_dir() / dest.id)
 
-    def _start(self, q: DestinationQuery, *, available_now: bool) -> StreamingQuery:
+    def _start(self, q: DestinationQuery, *, available_now: bool) -> StreamingQuery | None:
+        """Start the destination's query (None: the pipeline is stopping)."""
         frame = source_frame(self.spark, self.config, q.dest)
+        dest_id, board, writer_fn = q.dest.id, self.status, q.writer
+
+        def write(batch: DataFrame, batch_id: int) -> None:
+            writer_fn(batch, batch_id)
+            board.succeeded(dest_id)
+
         writer = (
-            frame.writeStream.foreachBatch(q.writer)
+            frame.writeStream.foreachBatch(write)
             .option("checkpointLocation", self.checkpoint(q.dest))
             .queryName(f"headwater-{q.dest.id}")
         )
@@ -104,63 +126,124 @@ class Pipeline:
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=f"{q.dest.trigger_interval_s} seconds")
-        query = writer.start()
-        q.query = query
-        q.runs += 1
+        with self._lock:  # stop() stops whatever query is current under the same lock
+            if self._stop.is_set():
+                return None
+            query = writer.start()
+            q.query = query
+            q.runs += 1
+        self.status.started(q.dest.id)
         return query
 
     def run_once(self) -> None:
         """Every destination's query once with AvailableNow, until each has caught up."""
         for q in self.queries:
-            self._start(q, available_now=True).awaitTermination()
+            query = self._start(q, available_now=True)
+            if query is not None:
+                query.awaitTermination()
 
     def start(self) -> None:
-        """Start every destination in its mode; returns at once."""
+        """Start every destination in its mode, each under its supervisor; returns at once."""
         for q in self.queries:
+            q.thread = threading.Thread(
+                target=self._supervise, args=(q,), name=f"writer-{q.dest.id}", daemon=True
+            )
+            q.thread.start()
             if q.dest.mode == "stream":
-                self._start(q, available_now=False)
                 self.echo(f"headwater: destination {q.dest.id}: streaming ({q.dest.type})")
             else:
-                q.thread = threading.Thread(
-                    target=self._batch_loop, args=(q,), name=f"batch-{q.dest.id}", daemon=True
-                )
-                q.thread.start()
                 self.echo(
                     f"headwater: destination {q.dest.id}: batch every {q.dest.batch_period_s:g} s"
                     f" ({q.dest.type})"
                 )
 
-    def _batch_loop(self, q: DestinationQuery) -> None:
+    def _supervise(self, q: DestinationQuery) -> None:
+        """Run the destination's query until stop(), restarting it after each failure."""
+        stream = q.dest.mode == "stream"
         try:
             while not self._stop.is_set():
-                query = self._start(q, available_now=True)
-                query.awaitTermination()
-                if self._stop.wait(q.dest.batch_period_s):
+                try:
+                    if q.stale:
+                        self._renew_writer(q)
+                    query = self._start(q, available_now=not stream)
+                    if query is None:
+                        break
+                    query.awaitTermination()
+                except Exception as exc:
+                    if self._stop.is_set():
+                        break
+                    self._failed(q, exc)
+                    continue
+                if self._stop.is_set():
                     break
-        except BaseException as exc:  # reported by wait()/failed()
-            if not self._stop.is_set():
-                q.error = exc
-                log.exception("destination %s: batch run failed", q.dest.id)
+                if stream:  # stopped by someone else than stop(): start it again
+                    log.warning("destination %s: query stopped; restarting it", q.dest.id)
+                    self.status.update(q.dest.id, state="retrying")
+                    if self._stop.wait(self.backoff.delay(1)):
+                        break
+                elif self._stop.wait(q.dest.batch_period_s):
+                    break
+        except BaseException as exc:  # a bug in the supervisor itself: reported by failed()
+            q.error = exc
+            log.exception("destination %s: supervisor died", q.dest.id)
         finally:
+            self.status.update(q.dest.id, state="stopped", next_retry_at=None)
             q.finished.set()
 
+    def _failed(self, q: DestinationQuery, exc: Exception) -> None:
+        """Record a failed run, wait the backoff, and give the next run a fresh writer."""
+        failure = classify(exc)
+        failures = self.status.get(q.dest.id).consecutive_failures + 1
+        delay = self.backoff.delay(failures)
+        self.status.failed(q.dest.id, failure, delay)
+        what = f"{failure.code}: {failure.reason}" if failure.code else failure.reason
+        if failure.transient:
+            log.warning(
+                "destination %s: write failed (attempt %d, %d in a row): %s; retrying in %.1f s",
+                q.dest.id,
+                q.runs,
+                failures,
+                what,
+                delay,
+            )
+        else:
+            log.error(
+                "destination %s: query failed with an unexpected error (attempt %d, %d in a row):"
+                " %s; retrying in %.1f s",
+                q.dest.id,
+                q.runs,
+                failures,
+                what,
+                delay,
+                exc_info=exc,
+            )
+        q.stale = True
+        self._stop.wait(delay)
+
+    def _renew_writer(self, q: DestinationQuery) -> None:
+        """The old writer may hold a broken connection or a stale plan: start afresh (a writer
+        that cannot be made is one more failed attempt, retried like the others)."""
+        try:
+            q.writer.close()
+        except Exception:
+            log.debug("destination %s: closing the failed writer", q.dest.id, exc_info=True)
+        q.writer = DestinationWriter(self.config, q.dest)
+        q.stale = False
+
     def failed(self) -> list[tuple[str, BaseException]]:
-        """Destinations whose query stopped with an error."""
-        out = []
-        for q in self.queries:
-            if q.error is not None:
-                out.append((q.dest.id, q.error))
-            elif q.query is not None and q.dest.mode == "stream" and q.query.exception():
-                out.append((q.dest.id, RuntimeError(str(q.query.exception()))))
-        return out
+        """Destinations whose supervisor died (a bug; failing writers are retried, not here)."""
+        return [(q.dest.id, q.error) for q in self.queries if q.error is not None]
 
     def stop(self) -> None:
         """Stop the queries: a running micro-batch finishes first (its write and its offsets
         commit together, so stopping at any point loses and duplicates nothing)."""
         self._stop.set()
+        with self._lock:
+            running = [q.query for q in self.queries if q.query is not None]
+        for query in running:
+            if query.isActive:
+                query.stop()
         for q in self.queries:
-            if q.query is not None and q.query.isActive:
-                q.query.stop()
             if q.thread is not None:
                 q.thread.join(timeout=60)
             q.writer.close()
