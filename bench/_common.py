@@ -490,47 +490,72 @@ class TreeRss:
 
     def __init__(self, interval: float = 0.2, root: int | None = None) -> None:
         self.peak = 0
+        self.peak_pss = 0  # proportional set size: shared pages (forked workers) counted once
         self._root = root if root is not None else os.getpid()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._interval = interval
 
     def __enter__(self) -> TreeRss:
-        self.peak = tree_rss(self._root)
+        self._sample()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, tree_rss(self._root))
+        self._sample()
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            self.peak = max(self.peak, tree_rss(self._root))
+            self._sample()
+
+    def _sample(self) -> None:
+        pids = tree_pids(self._root)
+        self.peak = max(self.peak, sum(_rss(pid) for pid in pids))
+        self.peak_pss = max(self.peak_pss, sum(_pss(pid) for pid in pids))
 
 
-def tree_rss(root: int) -> int:
-    """Bytes resident in ``root`` and every process descended from it, from /proc."""
+def tree_pids(root: int) -> list[int]:
+    """``root`` and every process descended from it, from /proc."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    page = os.sysconf("SC_PAGE_SIZE")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{entry}/statm") as f:
-                pages = int(f.read().split()[1])
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        pid = int(entry)
-        children.setdefault(int(fields[1]), []).append(pid)
-        rss[pid] = pages * page
-    total, todo = 0, [root]
+        children.setdefault(parent, []).append(int(entry))
+    out, todo = [], [root]
     while todo:
         pid = todo.pop()
-        total += rss.get(pid, 0)
+        out.append(pid)
         todo.extend(children.get(pid, []))
-    return total
+    return out
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _pss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+def tree_rss(root: int) -> int:
+    """Bytes resident in ``root`` and every process descended from it (pages shared between
+    them counted in each)."""
+    return sum(_rss(pid) for pid in tree_pids(root))

@@ -96,6 +96,7 @@ def main() -> None:
             "seconds": seconds,
             "events_per_s": rows / seconds,
             "peak_rss_bytes": rss.peak,
+            "peak_pss_bytes": rss.peak_pss,
             "rows": rows,
             "columns": width,
         },

@@ -261,6 +261,7 @@ def run_batch(
         "seconds": seconds,
         "events_per_s": n / seconds,
         "peak_rss_bytes": rss.peak,
+        "peak_pss_bytes": rss.peak_pss,
         **result,
         "exactly_once": result["rows"] == n and result["distinct_ids"] == n,
         "batches": getattr(writer, "batches", None),
@@ -700,7 +701,7 @@ def report(out: dict[str, Any]) -> None:
         c = out.get(key)
         if not c:
             continue
-        rss = c.get("peak_rss_bytes")
+        rss, pss = c.get("peak_rss_bytes"), c.get("peak_pss_bytes")
         landed = ""
         if "rows" in c:
             landed = f"{c['rows']:,} rows, {c['columns']} columns"
@@ -712,11 +713,16 @@ def report(out: dict[str, Any]) -> None:
                 fmt_number(c["events_per_s"]),
                 f"{c['seconds']:.1f}",
                 "-" if rss is None else f"{rss / 2**20:,.0f}",
+                "-" if pss is None else f"{pss / 2**20:,.0f}",
                 landed,
             ]
         )
     if table:
-        print(print_table(["case", "events/s", "seconds", "peak RSS MiB", "landed"], table))
+        print(
+            print_table(
+                ["case", "events/s", "seconds", "peak RSS MiB", "peak PSS MiB", "landed"], table
+            )
+        )
     b = out.get("batch")
     for key in ("naive", "dlt"):
         if b and out.get(key):
