@@ -32,7 +32,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from headwater.destinations import Destination
-from headwater.destinations.base import ARCHIVE_EVENT, ARCHIVE_TIMESTAMP, TableSchema
+from headwater.destinations.base import (
+    ARCHIVE_EVENT,
+    ARCHIVE_TIMESTAMP,
+    ORDER_COLUMN,
+    TableSchema,
+)
 from headwater.pipeline import shape as sh
 from headwater.pipeline.columns import (
     ERROR,
@@ -52,9 +57,9 @@ from headwater.pipeline.steps.lookup_rules import apply_lookups
 from headwater.pipeline.steps.mapping import apply_mapping, explicit_types, trace
 from headwater.pipeline.steps.routing import route
 from headwater.pipeline.steps.typing import SPARK_TYPES, ColumnPlan, column_values, plan_columns
-from headwater.pipeline.structs import Path
+from headwater.pipeline.structs import Path, field_at
 
-ORDER = "_hw_order"
+ORDER = ORDER_COLUMN
 ROUTED = "_hw_routed"  # the table routing named, before normalising (novel tables included)
 NOVEL_TEXT = "_hw_novel_text"  # a novel row's JSON text, to learn from
 SOURCE = "_hw_source"  # the row's place in the batch (upserts: the last one per key wins)
@@ -275,7 +280,7 @@ def order() -> SparkColumn:
 
 
 def _leaf(f: Field) -> SparkColumn:
-    return reduce(lambda c, p: c.getField(p), f.path, F.col(EVENT))
+    return field_at(F.col(EVENT), f.path)
 
 
 def _archive_values() -> list[tuple[str, SparkColumn]]:
@@ -331,17 +336,11 @@ def widen_tables(destination: Destination, plans: dict[str, TablePlan]) -> None:
             destination.ensure_table(tp.schema)
 
 
-def frame_types(plans: dict[str, TablePlan]) -> dict[str, list[tuple[str, str]]]:
-    """Per normalised table: (table column, frame column) pairs, for the write."""
-    return {tp.schema.name: list(tp.columns) for tp in plans.values()}
-
-
 __all__ = [
     "ORDER",
     "BatchPlan",
     "Knowledge",
     "TablePlan",
-    "frame_types",
     "learn_shape",
     "learn_tables",
     "steps",

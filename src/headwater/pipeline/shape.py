@@ -103,9 +103,6 @@ class Leaf:
 class Shape:
     leaves: dict[Path, Leaf] = field(default_factory=dict)
 
-    def copy(self) -> Shape:
-        return Shape(dict(self.leaves))
-
     def merge(self, found: Mapping[Path, Leaf]) -> bool:
         """Widen with what a batch's novel events held; True when anything changed. A path
         that is a leaf in one place and an object in another becomes one JSON leaf."""
@@ -128,9 +125,6 @@ class Shape:
 
     def text_schema(self) -> StructType:
         return nested({p: leaf.parse_type for p, leaf in self.leaves.items()})
-
-    def value_schema(self) -> StructType:
-        return nested({p: leaf.value_type for p, leaf in self.leaves.items()})
 
     def kinds_of(self, path: Path) -> frozenset[str]:
         leaf = self.leaves.get(path)
@@ -207,16 +201,16 @@ def _present(
 
 
 def to_values(parsed: Column, shape: Shape) -> Column:
-    """The parsed event with date-time text converted to timestamps (``value_schema``)."""
+    """The parsed event with date-time text converted to timestamps (``Leaf.value_type``)."""
     ts = [p for p, leaf in shape.leaves.items() if leaf.is_timestamp]
     if not ts:
         return parsed
-    from headwater.pipeline.structs import field_ref
+    from headwater.pipeline.structs import field_at, field_ref
 
     out = parsed
     for path in ts:
         # from_json filled every object on the path when the leaf is set
-        text = reduce(lambda c, p: c.getField(p), path, parsed)
+        text = field_at(parsed, path)
         out = out.withField(field_ref(path), text.try_cast("timestamp"))
     return F.when(parsed.isNotNull(), out)
 
@@ -315,7 +309,3 @@ def infer(events: DataFrame, column: str) -> dict[Path, Leaf]:
         if kinds:
             found[path] = Leaf(kinds, bool(got[t]) and STRING in kinds)
     return found
-
-
-def paths_of(leaves: Iterable[Path]) -> list[str]:
-    return [".".join(p) for p in leaves]

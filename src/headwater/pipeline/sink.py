@@ -39,6 +39,7 @@ from pyspark.sql.datasource import DataSource, WriterCommitMessage
 from headwater.config.model import HeadwaterConfig
 from headwater.destinations import Destination, open_destination
 from headwater.destinations.base import ORDER_COLUMN, StagedPart
+from headwater.pipeline.columns import TABLE
 
 try:  # PySpark 4.0+ hands Arrow batches to an Arrow writer
     from pyspark.sql.datasource import DataSourceArrowWriter as _Writer
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SINK_NAME = "headwater_sink"
-TABLE_COLUMN = "_hw_table"
+TABLE_COLUMN = TABLE
 CHUNK_ROWS = 100_000  # rows of one table a task holds before it stages them
 
 _destinations: dict[tuple[str, str], Destination] = {}

@@ -19,6 +19,13 @@ def field_ref(path: Path) -> str:
     return ".".join("`" + p.replace("`", "``") + "`" for p in path)
 
 
+def field_at(node: Column, path: Path) -> Column:
+    """The value at ``path`` inside the struct column ``node`` (the path is known to exist)."""
+    for part in path:
+        node = node.getField(part)
+    return node
+
+
 def type_at(struct: DataType, path: Path) -> DataType | None:
     """The type at ``path`` inside ``struct`` (None when the path does not exist)."""
     node: DataType = struct

@@ -37,7 +37,7 @@ from headwater.destinations.types import ColumnType, fits, promote
 from headwater.pipeline.columns import EVENT
 from headwater.pipeline.shape import BOOL, FLOAT64, INT64, JSON, STRING, variant_kind
 from headwater.pipeline.steps.flatten import ISO_TIMESTAMP, Field
-from headwater.pipeline.structs import Path
+from headwater.pipeline.structs import Path, field_at
 
 SPARK_TYPES = {
     ColumnType.BOOL: "boolean",
@@ -124,7 +124,7 @@ def column_values(
 
 
 def _leaf(event: SparkColumn, f: Field) -> SparkColumn:
-    return reduce(lambda c, p: c.getField(p), f.path, event)
+    return field_at(event, f.path)
 
 
 def _value(event: SparkColumn, f: Field, as_type: ColumnType) -> SparkColumn:
