@@ -10,9 +10,11 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 
+import pyarrow as pa
 import pytest
 
 from headwater.bus import Bus, Consumer
+from headwater.bus.arrow import ARROW_SCHEMA, to_record_batch
 from headwater.bus.errors import (
     BusClosed,
     InvalidArgument,
@@ -304,6 +306,126 @@ def test_watermarks_after_batches(bus: Bus, unique: Unique) -> None:
         assert high == last[0].offset + 1
     else:
         assert high == 5
+
+
+# -- read_arrow ---------------------------------------------------------------------------
+
+
+def records_as_arrow(bus: Bus, topic: str, offset: int, end: int, max_records: int) -> pa.Table:
+    """What ``read_arrow`` must return: ``read``'s records of ``[offset, end)`` in Arrow."""
+    records = [r for r in bus.read(topic, 0, offset, max_records=max_records) if r.offset < end]
+    return pa.Table.from_batches([to_record_batch(records)])
+
+
+def assert_read_arrow(bus: Bus, topic: str, offset: int, end: int, max_records: int) -> None:
+    batches = bus.read_arrow(topic, 0, offset, end, max_records=max_records)
+    assert all(b.schema == ARROW_SCHEMA and b.num_rows > 0 for b in batches)
+    got = pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
+    expected = records_as_arrow(bus, topic, offset, end, max_records)
+    assert got.equals(expected), f"[{offset}, {end}) max {max_records}"
+
+
+def test_read_arrow_is_the_kafka_layout_of_the_records(bus: Bus, unique: Unique) -> None:
+    topic = unique("arrow")
+    bus.create_topic(topic, partitions=1)
+    many = tuple((f"h{i}", bytes([i]) * i) for i in range(40))
+    messages = [
+        Message(b'{"event":"signup"}', key=b"user-1", timestamp=1_700_000_000_000),
+        Message(b"no key, no headers", timestamp=1_700_000_000_001),
+        Message(b"", key=b"empty value", timestamp=1_700_000_000_002),
+        Message(b"", timestamp=1_700_000_000_003),
+        Message(b"many headers", headers=many, timestamp=1_700_000_000_004),
+        Message(
+            b"\xff\x00binary",
+            key=b"",
+            headers=(("empty", b""), ("ünïcode-名前", b"\xff\x00"), ("", b"nameless")),
+            timestamp=1_600_000_000_000,
+        ),
+        Message(b"v" * 10_000, key=b"k" * 300, headers=(("h", b"\x01" * 500),), timestamp=5),
+    ]
+    append(bus, topic, messages)
+
+    (batch,) = bus.read_arrow(topic, 0, 0)
+    assert batch.schema == ARROW_SCHEMA
+    assert batch.column("key").to_pylist() == [m.key for m in messages]
+    assert batch.column("value").to_pylist() == [m.value for m in messages]
+    assert batch.column("topic").to_pylist() == [topic] * len(messages)
+    assert batch.column("partition").to_pylist() == [0] * len(messages)
+    assert batch.column("offset").to_pylist() == list(range(len(messages)))
+    assert batch.column("timestampType").to_pylist() == [0] * len(messages)
+    micros = batch.column("timestamp").cast(pa.int64()).to_pylist()
+    assert micros == [m.timestamp * 1000 for m in messages if m.timestamp is not None]
+    headers = [
+        tuple((h["key"], h["value"]) for h in hs) for hs in batch.column("headers").to_pylist()
+    ]
+    assert headers == [m.headers for m in messages]
+    assert_read_arrow(bus, topic, 0, len(messages), 100)
+
+
+def test_read_arrow_of_records_without_headers_or_keys(bus: Bus, unique: Unique) -> None:
+    topic = unique("arrow-bare")
+    bus.create_topic(topic, partitions=1)
+    append(bus, topic, [Message(b"value-%d" % i) for i in range(20)])
+    append(bus, topic, [Message(b"last")])
+    assert_read_arrow(bus, topic, 0, 21, 100)
+    assert_read_arrow(bus, topic, 3, 17, 100)
+
+
+def test_read_arrow_ranges_inside_and_across_batches(bus: Bus, unique: Unique) -> None:
+    topic = unique("arrow-ranges")
+    bus.create_topic(topic, partitions=1)
+    sizes = [7, 1, 30, 12, 25, 3]
+    offset = 0
+    for n in sizes:
+        append(
+            bus,
+            topic,
+            [
+                Message(
+                    b"r%d" % (offset + i) * (i % 4),
+                    key=None if i % 3 else b"k%d" % i,
+                    headers=(("n", b"%d" % i),) * (i % 5),
+                    timestamp=1_700_000_000_000 + offset + i,
+                )
+                for i in range(n)
+            ],
+        )
+        offset += n
+    append(bus, topic, [Message(b"last", timestamp=1_700_000_001_000)])  # see read_from_offset
+    total = offset + 1
+    cases = [
+        (0, total, 1000),  # every batch, combined
+        (3, 5, 1000),  # inside one batch
+        (5, 40, 1000),  # from inside one batch to inside another
+        (7, 8, 1000),  # one whole single-record batch
+        (0, total, 20),  # max_records ends inside a batch
+        (10, total, 1),
+        (2, 70, 33),
+        (total - 1, total + 10, 1000),  # an end past the high watermark
+    ]
+    for start, end, max_records in cases:
+        assert_read_arrow(bus, topic, start, end, max_records)
+    rows = sum(b.num_rows for b in bus.read_arrow(topic, 0, 0, max_records=1000))
+    assert rows == total  # no end: up to the high watermark
+
+
+def test_read_arrow_offsets_and_errors_as_read(bus: Bus, unique: Unique) -> None:
+    topic = unique("arrow-errors")
+    bus.create_topic(topic, partitions=1)
+    append(bus, topic, [Message(b"a"), Message(b"b")])
+    append(bus, topic, [Message(b"c")])
+    assert bus.read_arrow(topic, 0, 3) == []  # at the high watermark: nothing yet
+    assert bus.read_arrow(topic, 0, 1, 1) == []  # an empty range
+    with pytest.raises(OffsetOutOfRange):
+        bus.read_arrow(topic, 0, 4)
+    with pytest.raises(OffsetOutOfRange):
+        bus.read_arrow(topic, 0, -1)
+    with pytest.raises(UnknownPartition):
+        bus.read_arrow(topic, 1, 0)
+    with pytest.raises(UnknownTopic):
+        bus.read_arrow(unique("missing"), 0, 0)
+    with pytest.raises(InvalidArgument):
+        bus.read_arrow(topic, 0, 0, max_records=0)
 
 
 # -- groups -------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
-from headwater.bus.base import Bus, Consumer
+from headwater.bus.base import ARROW_MAX_RECORDS, Bus, Consumer
 from headwater.bus.embedded import format as fmt
 from headwater.bus.embedded.compaction import compact_partition
 from headwater.bus.embedded.config import EmbeddedBusConfig
@@ -49,9 +49,13 @@ from headwater.bus.records import (
 from headwater.bus.validation import validate_batch
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from headwater.config.model import HeadwaterConfig
 
 log = logging.getLogger(__name__)
+
+_END = 1 << 62  # read_arrow's end when none is given: past any offset
 
 
 class EmbeddedBus(Bus):
@@ -279,6 +283,24 @@ class EmbeddedBus(Bus):
             raise InvalidArgument(f"max_records must be at least 1, not {max_records}")
         p = self._partition(topic, partition)
         return p.read(offset, max_records, max_bytes, self._visible(p))
+
+    def read_arrow(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        end: int | None = None,
+        max_records: int = ARROW_MAX_RECORDS,
+    ) -> list[pa.RecordBatch]:
+        """The stored columns decoded straight into Arrow (``headwater.bus.embedded.arrow``);
+        imported here, so that processes that never read Arrow do not load numpy and pyarrow."""
+        from headwater.bus.embedded.arrow import record_batches
+
+        if max_records < 1:
+            raise InvalidArgument(f"max_records must be at least 1, not {max_records}")
+        p = self._partition(topic, partition)
+        spans = p.spans(offset, _END if end is None else end, max_records, self._visible(p))
+        return record_batches(topic, partition, spans)
 
     def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         p = self._partition(topic, partition)

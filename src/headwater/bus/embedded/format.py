@@ -209,6 +209,21 @@ def check_crc(buf: bytes | memoryview, pos: int, header: BatchHeader) -> None:
         raise BadBatch("checksum mismatch")
 
 
+def record_range(
+    buf: bytes | memoryview, pos: int, header: BatchHeader, low: int, high: int
+) -> tuple[int, int]:
+    """The indices ``[first, stop)`` of a checked batch's records whose offsets are in
+    ``[low, high)``. Only a batch with gaps (compacted) that the bounds cut needs its deltas."""
+    base, n = header.base_offset, header.count
+    if low <= base and header.next_offset <= high:
+        return 0, n
+    if header.last_offset_delta == n - 1:  # contiguous offsets
+        return min(max(low - base, 0), n), min(max(high - base, 0), n)
+    p = pos + HEADER_SIZE
+    deltas = _read_column("I", memoryview(buf)[p : p + 4 * n])
+    return bisect_left(deltas, low - base), bisect_left(deltas, high - base)
+
+
 class Columns(NamedTuple):
     """A decoded batch, column by column (what a columnar reader wants)."""
 

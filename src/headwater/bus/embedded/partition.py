@@ -14,6 +14,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from headwater.bus.embedded import format as fmt
 from headwater.bus.embedded.config import EmbeddedBusConfig
@@ -22,6 +23,17 @@ from headwater.bus.errors import OffsetOutOfRange
 from headwater.bus.records import Record
 
 log = logging.getLogger(__name__)
+
+
+class BatchSpan(NamedTuple):
+    """A checked batch in a buffer read from a segment, and the records of it to read: indices
+    ``[first, stop)`` (a columnar reader decodes the batch whole and slices)."""
+
+    buf: bytes
+    at: int
+    header: fmt.BatchHeader
+    first: int
+    stop: int
 
 
 class Partition:
@@ -171,15 +183,20 @@ class Partition:
         low = self.bases[0] if self.bases else 0
         return low, visible
 
-    def read(
-        self, offset: int, max_records: int, max_bytes: int | None, visible: int
-    ) -> list[Record]:
+    def _readable(self, offset: int, visible: int) -> int:
+        """The high watermark; raises ``OffsetOutOfRange`` for an offset outside the log."""
         low, high = self.watermarks(visible)
         if offset < low or offset > high:
             raise OffsetOutOfRange(
                 f"offset {offset} is out of range for {self.topic}/{self.index}: "
                 f"readable offsets are {low} to {high} (exclusive)"
             )
+        return high
+
+    def read(
+        self, offset: int, max_records: int, max_bytes: int | None, visible: int
+    ) -> list[Record]:
+        high = self._readable(offset, visible)
         out: list[Record] = []
         budget = max_bytes if max_bytes is not None else 1 << 62
         i = bisect_right(self.bases, offset) - 1
@@ -224,6 +241,46 @@ class Partition:
         except BadBatchAt as bad:
             raise bad.as_corrupt() from None
         return max(offset, seg.next_offset), budget
+
+    def spans(self, offset: int, end: int, max_records: int, visible: int) -> list[BatchSpan]:
+        """The checked batches holding the records ``[offset, end)`` below the high watermark,
+        at most ``max_records`` of them, without decoding them (a columnar reader's ``read``):
+        the same segments, checksums, visibility and errors as ``read``."""
+        limit = min(end, self._readable(offset, visible))
+        out: list[BatchSpan] = []
+        left = max_records
+        i = bisect_right(self.bases, offset) - 1
+        while offset < limit and left > 0:
+            seg = self.segments[i] if 0 <= i < len(self.segments) else None
+            if seg is None or not seg.acquire():
+                break
+            try:
+                offset, left = self._segment_spans(seg, offset, limit, left, out)
+            finally:
+                seg.release()
+            i += 1
+        return out
+
+    def _segment_spans(
+        self, seg: Segment, offset: int, limit: int, left: int, out: list[BatchSpan]
+    ) -> tuple[int, int]:
+        try:
+            for _, header, buf, at in seg.batches(seg.position_for(offset), seg.size, verify=True):
+                if header.next_offset <= offset:
+                    continue
+                if header.base_offset >= limit:
+                    return limit, left
+                first, stop = fmt.record_range(buf, at, header, offset, limit)
+                stop = min(stop, first + left)
+                if stop > first:
+                    out.append(BatchSpan(buf, at, header, first, stop))
+                    left -= stop - first
+                offset = header.next_offset
+                if left <= 0:
+                    return offset, left
+        except BadBatchAt as bad:
+            raise bad.as_corrupt() from None
+        return max(offset, seg.next_offset), left
 
     # -- maintenance ------------------------------------------------------------------------
     def closed_segments(self) -> list[Segment]:

@@ -31,16 +31,16 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from headwater.bus import Bus, open_bus
+from headwater.bus.arrow import SCHEMA_DDL
 from headwater.bus.errors import OffsetOutOfRange
 from headwater.config.model import HeadwaterConfig
 from headwater.pipeline.source import offsets as off
-from headwater.pipeline.source.arrow import SCHEMA_DDL, to_record_batch
 from headwater.pipeline.source.options import SourceOptions, parse_options
 
 log = logging.getLogger(__name__)
 
 SOURCE_NAME = "headwater"
-CHUNK = 8192  # records per bus read and per Arrow batch
+CHUNK = 32_768  # records per bus read (the bus sizes the Arrow batches it returns)
 
 _buses: dict[str, Bus] = {}
 _buses_lock = threading.Lock()
@@ -85,7 +85,7 @@ def read_range(part: LogRange) -> Iterator[Any]:
     topic, partition, offset, end = part.range
     while offset < end:
         try:
-            records = bus.read(topic, partition, offset, max_records=min(CHUNK, end - offset))
+            batches = bus.read_arrow(topic, partition, offset, end, max_records=CHUNK)
         except OffsetOutOfRange:
             low, _ = bus.watermarks(topic, partition)
             if offset >= low:
@@ -99,11 +99,10 @@ def read_range(part: LogRange) -> Iterator[Any]:
             )
             offset = low
             continue
-        records = [r for r in records if r.offset < end]
-        if not records:
+        if not batches:
             return
-        yield to_record_batch(records)
-        offset = records[-1].offset + 1
+        yield from batches
+        offset = batches[-1]["offset"][-1].as_py() + 1
 
 
 class HeadwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
