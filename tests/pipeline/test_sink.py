@@ -1,7 +1,8 @@
-"""The ``headwater_sink`` data source: a Spark frame of two tables in four partitions staged by
-the executors (in chunks) and committed by the driver lands every row once in DuckDB and
-PostgreSQL; a task that fails midway (after staging some chunks) fails the job, the job's staging
-is discarded, and the batch run again lands every row once with none of the failed run's."""
+"""The ``headwater_sink`` data source: a batch of events in four partitions, routed to two
+tables, run through the batch's program by the executors, staged (in chunks) and committed by
+the driver lands every row once in DuckDB and PostgreSQL; a task that fails midway (after
+staging some chunks) fails the job, the job's staging is discarded, and the batch run again
+lands every row once with none of the failed run's."""
 
 from __future__ import annotations
 
@@ -9,73 +10,70 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from headwater.config.model import HeadwaterConfig
-from headwater.destinations import Column, Destination, TableSchema, open_destination
-from headwater.destinations.types import ColumnType as T
+from headwater.destinations import Destination, open_destination
 from headwater.pipeline import sink
-from headwater.pipeline.sink import SinkWriter, stage_frame
+from headwater.pipeline.plan import BatchPlan, widen_tables
+from headwater.pipeline.sink import SinkWriter
+from headwater.testing.pipeline import SOURCE_SCHEMA, process, rows_of, source_table
 from headwater.testing.warehouse import query, scratch_destination
 
 ROWS = 3000
-TABLES = {
-    "events": {
-        "id": T.INT64,
-        "name": T.STRING,
-        "ok": T.BOOL,
-        "x": T.FLOAT64,
-        "seen_at": T.TIMESTAMP,
-    },
-    "pages": {"id": T.INT64, "url": T.STRING},
-}
+TEMPLATE = "{{ kind }}"
+
+
+def values() -> list[dict[str, Any]]:
+    """Every third event a page, the rest events."""
+    out = []
+    for i in range(ROWS):
+        at = datetime.fromtimestamp(1_700_000_000 + i, UTC).isoformat()
+        if i % 3 == 0:
+            out.append({"kind": "pages", "id": i, "url": f"/p/{i}"})
+        else:
+            out.append(
+                {
+                    "kind": "events",
+                    "id": i,
+                    "name": f"n{i}",
+                    "ok": i % 2 == 0,
+                    "x": i * 0.5 + 0.25,
+                    "seen_at": at,
+                }
+            )
+    return out
 
 
 def frame(spark: Any) -> DataFrame:
-    """``ROWS`` rows in 4 partitions: every third one a page, the rest events."""
-    ids = spark.range(0, ROWS, 1, 4)
-    return ids.select(
-        F.when(F.col("id") % 3 == 0, F.lit("pages")).otherwise(F.lit("events")).alias("_hw_table"),
-        F.col("id"),
-        F.concat(F.lit("n"), F.col("id").cast("string")).alias("name"),
-        (F.col("id") % 2 == 0).alias("ok"),
-        (F.col("id") * 0.5).alias("x"),
-        F.timestamp_seconds(F.col("id") + 1_700_000_000).alias("seen_at"),
-        F.concat(F.lit("/p/"), F.col("id").cast("string")).alias("url"),
-        F.col("id").alias("_hw_order"),
-    )
+    return spark.createDataFrame(rows_of(values()), SOURCE_SCHEMA).repartition(4)
 
 
 @pytest.fixture(params=["duckdb", "postgres"])
 def setup(
     request: pytest.FixtureRequest, tmp_path: Path, spark: Any
-) -> Iterator[tuple[HeadwaterConfig, Destination, dict[str, TableSchema]]]:
+) -> Iterator[tuple[HeadwaterConfig, Destination, BatchPlan]]:
     sink.register(spark)
     dest = scratch_destination(request, str(request.param), tmp_path)
+    dest["table_name_template"] = TEMPLATE
     config = HeadwaterConfig.model_validate(
         {"data_dir": str(tmp_path / "data"), "pipeline": {"destinations": [dest]}}
     )
+    planned = process(source_table(values()[:30]), dest, path=tmp_path).plan
     d = open_destination(config.pipeline.destinations[0], config.data_dir)
-    schemas = {
-        t: d.ensure_table(TableSchema(t, {n: Column(n, k) for n, k in cols.items()}))
-        for t, cols in TABLES.items()
-    }
-    yield config, d, schemas
+    widen_tables(d, planned.tables.values())
+    yield config, d, planned
     d.close()
 
 
-def columns() -> dict[str, list[str]]:
-    return {t: list(cols) for t, cols in TABLES.items()}
-
-
 def landed(d: Destination) -> dict[str, list[int]]:
-    return {t: [r[0] for r in query(d, f"SELECT id FROM {t} ORDER BY id")] for t in TABLES}
+    return {t: [r[0] for r in query(d, f"SELECT id FROM {t} ORDER BY id")] for t in EXPECTED}
 
 
 EXPECTED = {
@@ -84,22 +82,30 @@ EXPECTED = {
 }
 
 
+def commit(d: Destination, config: HeadwaterConfig, planned: BatchPlan, parts: list) -> bool:
+    schemas = {tp.schema.name: tp.schema for tp in planned.tables.values()}
+    return d.commit_staged(config.pipeline.destinations[0].id, 0, parts, schemas)
+
+
 def test_every_row_lands_once(
-    spark: Any, setup: tuple[HeadwaterConfig, Destination, dict[str, TableSchema]]
+    spark: Any, setup: tuple[HeadwaterConfig, Destination, BatchPlan]
 ) -> None:
-    config, d, schemas = setup
+    config, d, planned = setup
     dest = config.pipeline.destinations[0]
     with small_arrow_batches(spark):  # tasks get batches of 100 rows, stage every 200 or more
-        parts = stage_frame(frame(spark), config, dest, 0, columns(), chunk_rows=200)
+        result = sink.run(frame(spark), config, dest, 0, planned.program, chunk_rows=200)
+    parts = result.parts
     assert sum(p.rows for p in parts) == ROWS
+    assert result.summary.tables == {"events": 2000, "pages": 1000}
+    assert result.summary.novel == 0 and result.summary.failed == 0
     assert len({p.task for p in parts}) == 4  # one task per partition, each staged ...
-    assert len(parts) > 8 and max(p.rows for p in parts) < 300  # ... in bounded chunks
+    assert len(parts) > 8 and max(p.rows for p in parts) < 400  # ... in bounded chunks
     assert landed(d) == {"events": [], "pages": []}  # nothing visible before the commit
-    assert d.commit_staged(dest.id, 0, parts, schemas) is True
+    assert commit(d, config, planned, parts) is True
     assert landed(d) == EXPECTED
     got = query(d, "SELECT name, ok, x, seen_at FROM events WHERE id = 7")
     assert [(n, ok, float(x), at.timestamp()) for n, ok, x, at in got] == [
-        ("n7", False, 3.5, 1_700_000_007.0)
+        ("n7", False, 3.75, 1_700_000_007.0)
     ]
     assert d.committed(dest.id) == 0
 
@@ -116,7 +122,7 @@ def small_arrow_batches(spark: Any) -> Iterator[None]:
 
 
 class FailingSinkWriter(SinkWriter):
-    """The sink's writer, failing partition 2 after its second Arrow batch while the marker
+    """The sink's writer, failing partition 2 after its fourth Arrow batch while the marker
     file exists (after it staged chunks of its own)."""
 
     marker = ""  # set by the test before the class is pickled (by value) to the workers
@@ -141,16 +147,14 @@ class FailingSink(sink.HeadwaterSink):
 
 
 def test_a_failed_task_leaves_no_row_and_the_rerun_lands_each_once(
-    spark: Any,
-    setup: tuple[HeadwaterConfig, Destination, dict[str, TableSchema]],
-    tmp_path: Path,
+    spark: Any, setup: tuple[HeadwaterConfig, Destination, BatchPlan], tmp_path: Path
 ) -> None:
     """Local mode runs a task once (no ``spark.task.maxFailures`` there), so the failed task
     fails the job: Spark aborts it (the finished tasks' parts are discarded), and the batch runs
     again, as the writer retries it."""
     import pyspark.cloudpickle as cloudpickle
 
-    config, d, schemas = setup
+    config, d, planned = setup
     dest = config.pipeline.destinations[0]
     marker = tmp_path / "fail-once"
     marker.touch()
@@ -160,21 +164,21 @@ def test_a_failed_task_leaves_no_row_and_the_rerun_lands_each_once(
     try:
         spark.dataSource.register(FailingSink)  # takes the sink's name
         with small_arrow_batches(spark), pytest.raises(Exception, match="injected task failure"):
-            stage_frame(frame(spark), config, dest, 0, columns(), chunk_rows=100)
+            sink.run(frame(spark), config, dest, 0, planned.program, chunk_rows=100)
         assert landed(d) == {"events": [], "pages": []}
-        # the failed task discarded its chunks, abort the finished tasks', and stage_frame
-        # what tasks cancelled with the job left (cancelled tasks may still be ending)
+        # the failed task discarded its chunks, abort the finished tasks', and sink.run what
+        # tasks cancelled with the job left (cancelled tasks may still be ending)
         deadline = time.monotonic() + 30
         while staging_left(d) and time.monotonic() < deadline:
             d.clean_staging(dest.id)
             time.sleep(0.2)
         assert staging_left(d) == []
         marker.unlink()
-        parts = stage_frame(frame(spark), config, dest, 0, columns(), chunk_rows=400)
+        result = sink.run(frame(spark), config, dest, 0, planned.program, chunk_rows=400)
     finally:
         sink.register(spark)
         cloudpickle.unregister_pickle_by_value(here)
-    assert d.commit_staged(dest.id, 0, parts, schemas) is True
+    assert commit(d, config, planned, result.parts) is True
     assert landed(d) == EXPECTED
     assert staging_left(d) == []
 

@@ -1,25 +1,37 @@
-"""Column names the pipeline's steps share, and small Column helpers.
+"""Names the pipeline's program shares between its steps, the task that runs it and the driver.
 
-A micro-batch keeps the source's columns (Spark's Kafka layout: ``key, value, topic, partition,
-offset, timestamp, timestampType, headers``) and gains:
+Each Spark task turns its Arrow batches (the source's layout: ``key, value, topic, partition,
+offset, timestamp, timestampType, headers``) into the program's *input* relation:
 
-- ``event``: the decoded event, a struct (null when it could not be decoded);
-- ``_hw_error``: null, or ``struct<step, code, reason>`` once a step has failed the event (later
-  steps pass failed rows through untouched; the writer sends them to the failed store);
-- ``_hw_table``: the target table (routing; null or "" skips the event for the destination).
+- ``value``, ``topic``, ``timestamp`` as the source gives them;
+- ``_hw_row``: the row's position in the task's chunk (to find a failed row's source record);
+- ``_hw_utf8``: the value as text when it is valid UTF-8 (else NULL);
+- ``_hw_order``: the row's place in the batch (partition, then offset);
+- one column per record header a step reads (``header(name)``);
+- ``_hw_proto_json`` and ``_hw_proto_error`` when protobuf types are registered.
+
+The program's output has, per row: ``_hw_table`` (the normalised target table; "" for rows
+skipped, failed or of tables not known yet), ``_hw_error`` (``struct(step, code, reason)`` or
+NULL), ``_hw_novel``, ``_hw_routed`` and ``_hw_json`` for novel rows (what the task learns from),
+``_hw_row``, ``_hw_order`` and every table's columns.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
+from headwater.destinations.base import ORDER_COLUMN
 
-EVENT = "event"
-JSON_TEXT = "_hw_json_text"  # decode: the event's JSON text (raw bytes wrapped)
-NOVEL = "_hw_novel"  # decode: the event holds something the carried shape does not know
-JSON_WHITESPACE = " \t\r\n"  # what JSON allows around values
+INPUT = "hw_input"  # the relation the task registers with DuckDB
+ROW = "_hw_row"
+UTF8 = "_hw_utf8"
+ORDER = ORDER_COLUMN
+PROTO_JSON = "_hw_proto_json"
+PROTO_ERROR = "_hw_proto_error"
+JSON_TEXT = "_hw_json"  # the event as JSON text (decode)
+PARSED = "_hw_e"  # the event parsed against the shape: a struct
 ERROR = "_hw_error"
 TABLE = "_hw_table"
+ROUTED = "_hw_routed"
+NOVEL = "_hw_novel"
 SOURCE_COLUMNS = (
     "key",
     "value",
@@ -30,57 +42,24 @@ SOURCE_COLUMNS = (
     "timestampType",
     "headers",
 )
-ERROR_TYPE = "struct<step:string,code:string,reason:string>"
+_HEADER_PREFIX = "_hw_h_"
 
 
-def with_event(df: DataFrame, event: Column) -> DataFrame:
-    """``df`` with a new ``event`` (rows without one keep none), as a projection of its own.
-
-    Steps set one field per call: an update refers to the event several times (a null check,
-    the set), and chained in one expression those references would double the expression's
-    size with every field; by name, each step's expression stays small."""
-    return df.withColumn(EVENT, F.when(F.col(EVENT).isNotNull(), event))
+def header(name: str) -> str:
+    """The input column holding record header ``name`` (its first value, as text)."""
+    return _HEADER_PREFIX + name
 
 
-def header(name: str) -> Column:
-    """The first value of record header ``name`` as a UTF-8 string (null when absent)."""
-    # array_position and get are compiled by Spark's codegen; a filter with a lambda is not
-    position = F.array_position(F.col("headers")["key"], F.lit(name))
-    return F.get(F.col("headers")["value"], position - 1).cast("string")
+def header_name(column: str) -> str | None:
+    """The header an input column holds (None for other columns)."""
+    return column[len(_HEADER_PREFIX) :] if column.startswith(_HEADER_PREFIX) else None
 
 
-def failure(step: str, code: str, reason: Column | str) -> Column:
-    """An ``_hw_error`` value."""
-    why = reason if isinstance(reason, Column) else F.lit(reason)
-    return F.struct(F.lit(step).alias("step"), F.lit(code).alias("code"), why.alias("reason")).cast(
-        ERROR_TYPE
-    )
+def failure(step: str, code: str, reason: str) -> str:
+    """An ``_hw_error`` value (``reason`` is a SQL text expression)."""
+    from headwater.pipeline.sql import lit
 
-
-def ok() -> Column:
-    """The rows no step has failed."""
-    return F.col(ERROR).isNull()
-
-
-def fail_where(condition: Column, step: str, code: str, reason: Column | str) -> Column:
-    """The new ``_hw_error``: unchanged where it is set, else this failure where ``condition``."""
-    return F.when(F.col(ERROR).isNotNull(), F.col(ERROR)).when(
-        condition, failure(step, code, reason)
-    )
-
-
-def json_path(parts: tuple[str, ...] | list[str]) -> str:
-    """A Spark JSONPath for the object keys ``parts``: ``$['a']['b']`` (double quotes for keys
-    holding a single quote). Raises ``ValueError`` for a key holding both quote characters."""
-    out = ["$"]
-    for key in parts:
-        if "'" not in key:
-            out.append(f"['{key}']")
-        elif '"' not in key:
-            out.append(f'["{key}"]')
-        else:
-            raise ValueError(f"the key {key!r} holds both quote characters")
-    return "".join(out)
+    return f"struct_pack(step := {lit(step)}, code := {lit(code)}, reason := {reason})"
 
 
 def pointer_parts(pointer: str) -> tuple[str, ...]:

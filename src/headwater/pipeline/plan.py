@@ -1,70 +1,60 @@
-"""What a destination knows about its events, carried from batch to batch, and the one frame a
-micro-batch becomes from it.
+"""What a destination knows about its events, carried from batch to batch, and the program a
+micro-batch runs, planned from it on the driver.
 
 ``Knowledge`` holds the events' shape (``headwater.pipeline.shape``: every leaf seen and the kinds
-of value it held) and, per routed table, the fields that have held a value in it. ``BatchPlan``
-turns a micro-batch into a single DataFrame (``frame``): the steps run as native expressions
-against the known shape, and each row carries
+of value it held) and, per routed table, the fields that have held a value in it. ``plan``
+turns it, the destination's config and its tables as they are into a ``Program``: one DuckDB
+query that each Spark task runs over its rows (``headwater.pipeline.task``), in which the steps
+are native expressions decided here, once per batch:
 
-- ``_hw_table`` (the routed table, normalised), ``_hw_error`` (why a step failed it, if one did),
-- every known table's columns, named and typed as planned against the table as it is (a row
-  fills only its own table's columns),
-- ``_hw_novel``: the row holds something the knowledge lacks (a key or kind the shape does not
-  know, a table never seen, a field never seen in its table).
+decode (against the shape) -> context -> lookups -> routing -> mapping -> flatten and type.
 
-A batch with no novel row is written as planned. Otherwise the writer widens the knowledge from
-the novel rows only (``learn``) and plans again; in the steady state that never happens.
+Per row the query gives the target table, the error of the step that failed it, whether the row
+is *novel* (it holds something the knowledge lacks: a key or kind the shape does not know, a
+table never seen, a field never seen in its table) and every table's columns, typed as planned
+against the table as it is. A batch with no novel row is written as planned. Otherwise the tasks
+report what the novel rows hold, the knowledge widens (``Knowledge.learn``) and the batch is
+planned again; in the steady state that never happens.
 """
 
 from __future__ import annotations
 
 import json
-import operator
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import reduce
 from pathlib import Path as FilePath
 from typing import Any
 
-from pyspark.sql import Column as SparkColumn
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
-
 from headwater.destinations import Destination
-from headwater.destinations.base import (
-    ARCHIVE_EVENT,
-    ARCHIVE_TIMESTAMP,
-    ORDER_COLUMN,
-    TableSchema,
-)
+from headwater.destinations.base import ARCHIVE_EVENT, ARCHIVE_TIMESTAMP, TableSchema
 from headwater.pipeline import shape as sh
+from headwater.pipeline import sql
 from headwater.pipeline.columns import (
     ERROR,
-    EVENT,
+    INPUT,
     JSON_TEXT,
-    JSON_WHITESPACE,
     NOVEL,
-    SOURCE_COLUMNS,
+    ORDER,
+    PARSED,
+    ROUTED,
+    ROW,
     TABLE,
     failure,
 )
-from headwater.pipeline.config import DestinationConfig
-from headwater.pipeline.steps.context import enrich_context
-from headwater.pipeline.steps.decode import json_text, parse
-from headwater.pipeline.steps.flatten import Field, fields_of
-from headwater.pipeline.steps.lookup_rules import apply_lookups
-from headwater.pipeline.steps.mapping import apply_mapping, explicit_types, trace
-from headwater.pipeline.steps.routing import route
-from headwater.pipeline.steps.typing import SPARK_TYPES, ColumnPlan, column_values, plan_columns
-from headwater.pipeline.structs import Path, field_at
+from headwater.pipeline.config import DestinationConfig, PipelineConfig
+from headwater.pipeline.fields import Field, Fields, any_present, as_json, present
+from headwater.pipeline.program import LEARN_ROUTED, Program
+from headwater.pipeline.steps import context, decode, lookup_rules, mapping, routing
+from headwater.pipeline.steps.protobuf import load_types
+from headwater.pipeline.steps.typing import ColumnPlan, column_value, plan_columns
 
-ORDER = ORDER_COLUMN
-ROUTED = "_hw_routed"  # the table routing named, before normalising (novel tables included)
-NOVEL_TEXT = "_hw_novel_text"  # a novel row's JSON text, to learn from
-SOURCE = "_hw_source"  # the row's place in the batch (upserts: the last one per key wins)
+Path = sh.Path
 WRITE_STEP = "write"
 NULL_KEY = "HW-PIPE-402"
+_DERR = "_hw_derr"  # decode's error
+_ROUTE = "_hw_r"  # the table routing names
+_RERR = "_hw_rerr"  # routing's error
 
 
 @dataclass
@@ -78,7 +68,7 @@ class Knowledge:
             for p, leaf in self.shape.leaves.items()
         ]
         tables = {t: sorted(list(p) for p in paths) for t, paths in self.tables.items()}
-        return json.dumps({"version": 1, "leaves": leaves, "tables": tables})
+        return json.dumps({"version": 2, "leaves": leaves, "tables": tables})
 
     @classmethod
     def from_json(cls, text: str) -> Knowledge:
@@ -106,243 +96,274 @@ class Knowledge:
         except (OSError, ValueError, KeyError, TypeError):
             return cls()
 
+    def learn(
+        self,
+        leaves: Mapping[str, Mapping[Path, sh.Leaf]],
+        seen: Mapping[str, Iterable[Path]],
+        config: DestinationConfig,
+    ) -> bool:
+        """Widen with what novel rows held: per routed table, the leaves their JSON had
+        (``leaves``, before any step) and the fields that had a value in them (``seen``, the
+        planned fields after the steps); True when anything was new."""
+        before = self.to_json()
+        for routed, found in leaves.items():
+            self.shape.merge(found)
+            if routed:
+                table = self.tables.setdefault(routed, set())
+                table.update(mapping.trace(config.mapping, list(found)))
+        for routed, paths in seen.items():
+            if routed:
+                self.tables.setdefault(routed, set()).update(paths)
+        return self.to_json() != before
+
 
 @dataclass(frozen=True)
 class TablePlan:
     routed: str  # the name routing gave
     schema: TableSchema  # the columns this batch writes (names normalised)
     plans: tuple[ColumnPlan, ...]
-    columns: tuple[tuple[str, str], ...]  # (table column, frame column)
+    columns: tuple[tuple[str, str], ...]  # (table column, output column)
 
 
-def steps(
-    df: DataFrame,
-    config: DestinationConfig,
-    shape: sh.Shape,
-    *,
-    protobuf: dict | None = None,
-    geoip_database: object = None,
-) -> DataFrame:
-    """decode (against ``shape``), context, lookups, routing, mapping: native expressions."""
-    out = parse(json_text(df, protobuf or None), shape)
-    out = enrich_context(out)
-    out = apply_lookups(out, list(config.enrichment), geoip_database)  # type: ignore[arg-type]
-    out = route(out, config.table_name_template)
-    return apply_mapping(out, config.mapping)
-
-
+@dataclass(frozen=True)
 class BatchPlan:
-    """One micro-batch's frame, planned from the knowledge and the destination's tables."""
-
-    def __init__(
-        self,
-        events: DataFrame,
-        knowledge: Knowledge,
-        config: DestinationConfig,
-        destination: Destination,
-    ) -> None:
-        self.events = events
-        self.knowledge = knowledge
-        self.config = config
-        self.destination = destination
-        struct = events.schema[EVENT].dataType
-        self.struct = struct if isinstance(struct, StructType) else StructType([])
-        origin = trace(config.mapping, list(knowledge.shape.leaves))
-        self.fields = fields_of(self.struct, lambda p: knowledge.shape.kinds_of(origin.get(p, p)))
-        self.tables = self._plan_tables()
-
-    # -- planning ------------------------------------------------------------------------
-    def _plan_tables(self) -> dict[str, TablePlan]:
-        dialect = self.destination.dialect
-        explicit = explicit_types(self.config.mapping)
-        pk = tuple(dialect.normalize(c) for c in self.config.primary_key)
-        out: dict[str, TablePlan] = {}
-        taken: dict[str, str] = {}  # frame column -> its Spark type
-        for routed in sorted(self.knowledge.tables):
-            name = dialect.normalize(routed)
-            if self.destination.archives_events:
-                cols = ((ARCHIVE_EVENT, ARCHIVE_EVENT), (ARCHIVE_TIMESTAMP, ARCHIVE_TIMESTAMP))
-                out[routed] = TablePlan(routed, TableSchema(name), (), cols)
-                continue
-            seen = self.knowledge.tables[routed]
-            fields = [f for f in self.fields if f.path in seen]
-            plans = plan_columns(fields, dialect, self.destination.table(name), explicit)
-            schema = TableSchema(name, {p.column.name: p.column for p in plans}, pk)
-            cols = []
-            for p in plans:
-                spark_type = SPARK_TYPES[p.column.type]
-                frame_col = p.column.name
-                if taken.setdefault(frame_col, spark_type) != spark_type:
-                    frame_col = f"{p.column.name}__{name}"  # same name, other type elsewhere
-                    taken[frame_col] = spark_type
-                cols.append((p.column.name, frame_col))
-            out[routed] = TablePlan(routed, schema, tuple(plans), tuple(cols))
-        return out
-
-    # -- novelty -------------------------------------------------------------------------
-    def _unseen(self) -> SparkColumn:
-        """Per row: its table is unknown, or it has a value in a field its table never had."""
-        table = F.col(TABLE)
-        known = sorted(self.knowledge.tables)
-        out = ~table.isin(*known) if known else F.lit(True)
-        if self.destination.archives_events:
-            return out
-        for f in self.fields:
-            value = _leaf(f)
-            having = [t for t, seen in self.knowledge.tables.items() if f.path in seen]
-            out = out | (value.isNotNull() & (~table.isin(*having) if having else F.lit(True)))
-        return out
-
-    def novel(self) -> SparkColumn:
-        routed = F.col(ERROR).isNull() & (F.coalesce(F.col(TABLE), F.lit("")) != "")
-        return F.col(NOVEL) | (routed & self._unseen())
-
-    # -- the frame -----------------------------------------------------------------------
-    def frame(self) -> DataFrame:
-        """``_hw_table`` (normalised; "" for skipped and failed rows and rows of tables not
-        known yet, which are novel), ``_hw_error``, ``_hw_novel``, ``_hw_order``, every
-        table's columns, and ``_hw_source``: the source record (``SOURCE_COLUMNS``) of failed
-        rows, for the failed store (null on the others)."""
-        table = F.col(TABLE)
-        error = F.col(ERROR)
-        values: dict[str, SparkColumn] = {}
-        for tp in self.tables.values():
-            mine = table == tp.routed
-            if self.destination.archives_events:
-                exprs = dict(_archive_values())
-            else:
-                exprs = dict(column_values(list(tp.plans), F.col(EVENT)))
-                error = self._null_key(error, mine, tp, exprs)
-            for column, frame_col in tp.columns:
-                previous = values.get(frame_col)
-                branch = F.when(mine, exprs[column])
-                values[frame_col] = branch if previous is None else F.coalesce(previous, branch)
-        normalised = F.lit("")
-        for tp in self.tables.values():
-            normalised = F.when(table == tp.routed, F.lit(tp.schema.name)).otherwise(normalised)
-        out = self.events.withColumn(ERROR, error).withColumn(NOVEL, self.novel())
-        source = F.struct(*[F.col(c) for c in SOURCE_COLUMNS])
-        novel = F.col(NOVEL)
-        return out.select(
-            F.when(F.col(ERROR).isNotNull(), source).alias(SOURCE),
-            F.when(F.col(ERROR).isNull(), F.col(TABLE)).alias(ROUTED),
-            F.when(novel, F.col(JSON_TEXT)).alias(NOVEL_TEXT),
-            *[F.when(novel, _leaf(f).isNotNull()).alias(flag) for flag, f in self.flags()],
-            F.when(F.col(ERROR).isNull(), normalised).otherwise(F.lit("")).alias(TABLE),
-            F.col(ERROR),
-            F.col(NOVEL),
-            order().alias(ORDER),
-            *[v.alias(k) for k, v in values.items()],
-        )
-
-    def flags(self) -> list[tuple[str, Field]]:
-        """The frame's per-field columns saying, on novel rows, whether the field has a value
-        (what a table learns; none for archives, whose tables have no fields)."""
-        if self.destination.archives_events:
-            return []
-        return [(f"_hw_f{i}", f) for i, f in enumerate(self.fields)]
-
-    def summary(self, frame: DataFrame) -> list[Any]:
-        """The batch in one small result (the job that computes, and caches, the frame): per
-        routed table, ok or failed, novel or not, the row count and, for novel rows, which
-        fields had a value."""
-        flags = [F.max(F.col(flag)).alias(flag) for flag, _ in self.flags()]
-        ok = F.col(ERROR).isNull().alias("ok")
-        return (
-            frame.groupBy(ROUTED, TABLE, ok, NOVEL)
-            .agg(F.count(F.lit(1)).alias("count"), *flags)
-            .collect()
-        )
-
-    def _null_key(
-        self,
-        error: SparkColumn,
-        mine: SparkColumn,
-        tp: TablePlan,
-        exprs: dict[str, SparkColumn],
-    ) -> SparkColumn:
-        pk = tp.schema.primary_key
-        if not pk:
-            return error
-        missing = reduce(
-            operator.or_,
-            [exprs[c].isNull() if c in exprs else F.lit(True) for c in pk],
-        )
-        reason = f"the primary key ({', '.join(pk)}) has a null or missing column"
-        return F.when(error.isNotNull(), error).when(
-            mine & missing, failure(WRITE_STEP, NULL_KEY, reason)
-        )
+    program: Program
+    tables: dict[str, TablePlan]  # routed name -> its plan
 
 
-def order() -> SparkColumn:
-    """The row's place in the batch: partition, then offset (log order within a partition)."""
-    return F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset")
+def plan(
+    knowledge: Knowledge,
+    config: DestinationConfig,
+    destination: Destination,
+    pipeline: PipelineConfig,
+) -> BatchPlan:
+    """The batch's program and table plans (pure: reads the destination's tables only)."""
+    protobuf = load_types(pipeline.protobuf) if pipeline.protobuf else {}
+    shape = knowledge.shape
+    fields = decode.fields(shape)
+    fields = context.enrich(fields)
+    fields, lookups = lookup_rules.apply(fields, list(config.enrichment), pipeline.geoip_database)
+    route = routing.route(fields, config.table_name_template)
+    fields = mapping.apply(fields, config.mapping)
+    tables = _plan_tables(knowledge, fields, config, destination)
+
+    has_proto = bool(protobuf)
+
+    def stages(error: str) -> list[str]:
+        return [
+            f"SELECT *, {decode.json_text(has_proto)} AS {sql.ident(JSON_TEXT)}",
+            f"SELECT *, {error} AS {sql.ident(_DERR)}",
+            f"SELECT *, CASE WHEN {sql.ident(_DERR)} IS NULL THEN {decode.parse(shape)} END "
+            f"AS {sql.ident(PARSED)}",
+            *[
+                f"SELECT *, {call.function}({call.argument}) AS {sql.ident(call.column)}"
+                for call in lookups
+            ],
+            f"SELECT *, {route.name} AS {sql.ident(_ROUTE)}, {route.error} AS {sql.ident(_RERR)}",
+        ]
+
+    last = (
+        f"SELECT *, {_error(tables, destination)} AS {sql.ident(ERROR)}, "
+        f"{_novel(shape, knowledge, fields, destination)} AS {sql.ident(NOVEL)}"
+    )
+    outputs = _outputs(tables, fields, destination)
+    usual, guarded = (
+        _query([*stages(decode.error(has_proto, g)), last], outputs) for g in (False, True)
+    )
+    learned = sorted(fields)
+    flags = [
+        f"bool_or({present(fields[p])}) AS {sql.ident(f'f{i}')}" for i, p in enumerate(learned)
+    ]
+    learn = _query(
+        stages(decode.error(has_proto, True)),
+        f"{sql.ident(_ROUTE)} AS {sql.ident(LEARN_ROUTED)}, " + ", ".join(flags or ["true AS f"]),
+        where=f"{sql.ident(_DERR)} IS NULL GROUP BY 1",
+    )
+    headers = sorted(
+        {
+            *decode.HEADERS,
+            *context.HEADERS,
+            *(lookup_rules.HEADERS if lookups else ()),
+            *route.headers,
+        }
+    )
+    program = Program(
+        sql=usual,
+        guarded_sql=guarded,
+        learn_sql=learn,
+        learn_fields=[list(p) for p in learned],
+        headers=headers,
+        functions=sorted({c.function for c in lookups}),
+        geoip_database=str(pipeline.geoip_database) if pipeline.geoip_database else None,
+        protobuf={t: m.to_json() for t, m in protobuf.items()},
+        tables={tp.schema.name: [list(c) for c in tp.columns] for tp in tables.values()},
+    )
+    return BatchPlan(program, tables)
 
 
-def _leaf(f: Field) -> SparkColumn:
-    return field_at(F.col(EVENT), f.path)
+def _query(stages: list[str], outputs: str, where: str = "") -> str:
+    """``stages`` (each a ``SELECT ...`` of the one before it) and then ``outputs``."""
+    ctes = []
+    prev = INPUT
+    for i, stage in enumerate(stages):
+        ctes.append(f"s{i} AS ({stage} FROM {prev})")
+        prev = f"s{i}"
+    tail = f" WHERE {where}" if where else ""
+    return f"WITH {', '.join(ctes)} SELECT {outputs} FROM {prev}{tail}"
 
 
-def _archive_values() -> list[tuple[str, SparkColumn]]:
-    at = F.col(EVENT).getField("_timestamp")
-    return [(ARCHIVE_EVENT, F.to_json(F.col(EVENT))), (ARCHIVE_TIMESTAMP, at)]
-
-
-# -- learning from novel rows -----------------------------------------------------------------
-def learn_shape(frame: DataFrame, shape: sh.Shape, sample: int | None = None) -> bool:
-    """Widen ``shape`` with what the novel rows' JSON holds (the first ``sample`` of them,
-    inferred here from their text; or all of them, inferred by Spark); True when it changed.
-    ``frame`` is the batch's (cached) frame."""
-    text = F.col(NOVEL_TEXT)
-    is_object = F.ltrim(text, F.lit(JSON_WHITESPACE)).startswith("{")
-    rows = frame.where(text.isNotNull() & is_object)
-    if sample is not None:
-        texts = [r[0] for r in rows.select(text).limit(sample).collect()]
-        return shape.merge(sh.infer_texts(texts))
-    return shape.merge(sh.infer(rows.select(F.try_parse_json(text).alias("v")), "v"))
-
-
-def learn_first(df: DataFrame, shape: sh.Shape, sample: int) -> bool:
-    """Widen ``shape`` from the first ``sample`` events of a source batch (a writer that knows
-    nothing yet starts from this guess instead of a pass in which every row is novel)."""
-    text = F.col(JSON_TEXT)
-    rows = json_text(df).where(F.col(ERROR).isNull() & text.isNotNull()).select(text)
-    return shape.merge(sh.infer_texts(r[0] for r in rows.limit(sample).collect()))
-
-
-def learn_tables(plan: BatchPlan, summary: list[Any], knowledge: Knowledge) -> bool:
-    """Add, per routed table, the fields its novel rows had a value in (from the batch's
-    summary); True when a table or a field was new."""
-    changed = False
-    for row in summary:
-        name = row[ROUTED]
-        if not row[NOVEL] or not row["ok"] or not name:
+# -- tables ---------------------------------------------------------------------------------
+def _plan_tables(
+    knowledge: Knowledge, fields: Fields, config: DestinationConfig, destination: Destination
+) -> dict[str, TablePlan]:
+    dialect = destination.dialect
+    explicit = mapping.explicit_types(config.mapping)
+    pk = tuple(dialect.normalize(c) for c in config.primary_key)
+    out: dict[str, TablePlan] = {}
+    outputs: dict[tuple[str, str, str | None], str] = {}  # (name, type, sql type) -> output
+    for routed in sorted(knowledge.tables):
+        name = dialect.normalize(routed)
+        if destination.archives_events:
+            cols = ((ARCHIVE_EVENT, "c_event"), (ARCHIVE_TIMESTAMP, "c_timestamp"))
+            out[routed] = TablePlan(routed, TableSchema(name), (), cols)
             continue
-        new_table = name not in knowledge.tables
-        seen = knowledge.tables.setdefault(name, set())
-        before = len(seen)
-        seen.update(f.path for flag, f in plan.flags() if row[flag])
-        changed = changed or new_table or len(seen) != before
-    return changed
+        seen = knowledge.tables[routed]
+        planned = [f for f in fields.values() if f.path in seen]
+        plans = plan_columns(planned, dialect, destination.table(name), explicit)
+        schema = TableSchema(name, {p.column.name: p.column for p in plans}, pk)
+        cols = []
+        for p in plans:  # tables share an output column where a column is alike in both
+            key = (p.column.name, p.column.type.value, p.column.sql_type)
+            cols.append((p.column.name, outputs.setdefault(key, f"c{len(outputs)}")))
+        out[routed] = TablePlan(routed, schema, tuple(plans), tuple(cols))
+    return out
 
 
-def widen_tables(destination: Destination, plans: dict[str, TablePlan]) -> None:
+# -- per row: error, novelty, outputs ----------------------------------------------------------
+def _routed() -> str:
+    return sql.ident(_ROUTE)
+
+
+def _error(tables: Mapping[str, TablePlan], destination: Destination) -> str:
+    parts = [sql.ident(_DERR), sql.ident(_RERR)]
+    null_keys = []
+    for tp in tables.values():
+        pk = tp.schema.primary_key
+        if not pk or destination.archives_events:
+            continue
+        values = {p.column.name: column_value(p) for p in tp.plans}
+        missing = sql.any_of(f"({values[c]}) IS NULL" if c in values else sql.TRUE for c in pk)
+        reason = sql.lit(f"the primary key ({', '.join(pk)}) has a null or missing column")
+        null_keys.append(
+            (
+                f"{_routed()} = {sql.lit(tp.routed)} AND {missing}",
+                failure(WRITE_STEP, NULL_KEY, reason),
+            )
+        )
+    if null_keys:
+        parts.append(sql.case(null_keys))
+    return f"COALESCE({', '.join(parts)})"
+
+
+def _novel(shape: sh.Shape, knowledge: Knowledge, fields: Fields, destination: Destination) -> str:
+    """Decoded rows that hold what the shape lacks, or rows routed to a table not known or
+    holding a field their table never had."""
+    routed = _routed()
+    known = sorted(knowledge.tables)
+    unseen = [f"NOT {sql.in_list(routed, known)}"]
+    if not destination.archives_events:
+        for path, f in fields.items():
+            having = [t for t, paths in knowledge.tables.items() if path in paths]
+            if len(having) == len(known) and known:
+                continue  # every known table has it; an unknown table is novel anyway
+            unseen.append(f"({present(f)} AND NOT {sql.in_list(routed, having)})")
+    table_novel = f"({routed} IS NOT NULL AND {routed} != '' AND {sql.any_of(unseen)})"
+    return f"({sql.ident(_DERR)} IS NULL AND ({decode.novel(shape)} OR {table_novel}))"
+
+
+def _outputs(tables: Mapping[str, TablePlan], fields: Fields, destination: Destination) -> str:
+    routed = _routed()
+    error = sql.ident(ERROR)
+    novel = sql.ident(NOVEL)
+    normalised = sql.case(
+        [(f"{routed} = {sql.lit(tp.routed)}", sql.lit(tp.schema.name)) for tp in tables.values()],
+        "''",
+    )
+    out = [
+        f"CASE WHEN {error} IS NULL THEN {normalised} ELSE '' END AS {sql.ident(TABLE)}",
+        f"{error} AS {error}",
+        f"COALESCE({novel}, false) AS {novel}",
+        f"CASE WHEN {novel} THEN {routed} END AS {sql.ident(ROUTED)}",
+        f"CASE WHEN {novel} THEN {sql.ident(JSON_TEXT)} END AS {sql.ident(JSON_TEXT)}",
+        sql.ident(ROW),
+        f'("partition"::BIGINT * 1099511627776 + "offset") AS {sql.ident(ORDER)}',
+    ]
+    values: dict[str, list[tuple[str, str]]] = {}
+    for tp in tables.values():
+        if destination.archives_events:
+            exprs = {ARCHIVE_EVENT: archive_json(fields), ARCHIVE_TIMESTAMP: _stamp(fields)}
+        else:
+            exprs = {p.column.name: column_value(p) for p in tp.plans}
+        for column, output in tp.columns:
+            values.setdefault(output, []).append(
+                (f"{routed} = {sql.lit(tp.routed)}", exprs[column])
+            )
+    for output, branches in values.items():
+        value = branches[0][1] if len(tables) == 1 else sql.case(branches)
+        out.append(f"{value} AS {sql.ident(output)}")
+    return ", ".join(out)
+
+
+def _stamp(fields: Fields) -> str:
+    stamp = fields.get(("_timestamp",))
+    return stamp.sql if stamp is not None else "NULL::TIMESTAMPTZ"
+
+
+def archive_json(fields: Fields) -> str:
+    """The event as JSON text, rebuilt from its fields (objects nested again, arrays and
+    objects kept whole as they came, null and missing values left out)."""
+    tree: dict[str, Any] = {}
+    for path, f in fields.items():
+        node = tree
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if isinstance(child, Field):  # a value where objects go too: the objects win
+                child = node[part] = {}
+            node = child
+        if path[-1] not in node:
+            node[path[-1]] = f
+    return _object(tree)
+
+
+def _object(tree: Mapping[str, Any]) -> str:
+    members = []
+    for name, node in tree.items():
+        key = sql.lit(json.dumps(name) + ":")
+        if isinstance(node, Field):
+            members.append(f"CASE WHEN {present(node)} THEN {key} || {as_json(node)} END")
+        else:
+            leaves = _leaves(node)
+            members.append(f"CASE WHEN {any_present(leaves)} THEN {key} || {_object(node)} END")
+    if not members:
+        return "'{}'"
+    return f"('{{' || concat_ws(',', {', '.join(members)}) || '}}')"
+
+
+def _leaves(tree: Mapping[str, Any]) -> Fields:
+    out: Fields = {}
+    for node in tree.values():
+        if isinstance(node, Field):
+            out[node.path] = node
+        else:
+            out.update(_leaves(node))
+    return out
+
+
+def widen_tables(destination: Destination, plans: Iterable[TablePlan]) -> None:
     """Create the batch's tables and add their missing columns (before anything is written)."""
     if destination.archives_events:
         return
-    for tp in plans.values():
+    for tp in plans:
         existing = destination.table(tp.schema.name)
         if existing is None or tp.schema.missing_from(existing):
             destination.ensure_table(tp.schema)
-
-
-__all__ = [
-    "ORDER",
-    "BatchPlan",
-    "Knowledge",
-    "TablePlan",
-    "learn_shape",
-    "learn_tables",
-    "steps",
-    "widen_tables",
-]

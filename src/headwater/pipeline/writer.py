@@ -1,66 +1,48 @@
-"""One destination's micro-batch: plan, write, commit.
+"""One destination's micro-batch: plan, run in the executors, commit on the driver.
 
 ``DestinationWriter`` is the ``foreachBatch`` function of a destination's streaming query.
 For each micro-batch (``batch_id`` from the query's checkpoint) it:
 
 1. skips the batch when the destination's ledger already holds it (a replay after a crash);
-2. plans the batch from what the destination knows (``headwater.pipeline.plan``): the steps
-   run as native expressions against the carried shape, and every row gets its table's
-   columns, typed against the table as it is, or is marked novel;
-3. when rows are novel, widens the knowledge from those rows only and plans again (a batch
-   like the last one never does);
-4. creates the batch's tables and adds their missing columns;
-5. appends the events a step failed to the failed store (durably, before the write: a crash
-   in between makes the same failed ids again, which the store shows once);
-6. writes every table's rows and the batch id in one atomic step (``write_batch``); a write
-   that fails as terminal sends the batch's events to the failed store instead, a transient
-   failure raises so that Spark retries the batch (its offsets are not committed).
+2. for a writer that knows nothing yet, learns a first guess from a sample of the batch;
+3. plans the batch from what the destination knows (``headwater.pipeline.plan``) and runs the
+   program in the executors (``headwater.pipeline.sink``): one Spark job in which each task
+   runs the steps over its rows, stages each table's rows and appends the rows a step failed to
+   the failed store;
+4. when rows were novel and taught something new, widens the knowledge, discards what was
+   staged and goes back to 3 (a batch like the last one never does);
+5. creates the batch's tables and adds their missing columns;
+6. commits the staged rows and the batch id in one atomic step (``commit_staged``); a commit
+   that fails as terminal sends the batch's routed events to the failed store instead (one more
+   job), a transient failure raises so that Spark retries the batch (its offsets are not
+   committed). No event row passes through the driver.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from typing import TYPE_CHECKING
 
 from headwater.config.model import HeadwaterConfig
 from headwater.destinations import Destination, open_destination
 from headwater.errors import TransientError
-from headwater.pipeline.columns import ERROR, NOVEL, SOURCE_COLUMNS, TABLE, failure
 from headwater.pipeline.config import DestinationConfig
-from headwater.pipeline.failed import FailedEvent, FailedStore, make_id, now_iso
-from headwater.pipeline.plan import (
-    NULL_KEY,
-    ORDER,
-    SOURCE,
-    WRITE_STEP,
-    BatchPlan,
-    Knowledge,
-    TablePlan,
-    learn_first,
-    learn_shape,
-    learn_tables,
-    steps,
-    widen_tables,
-)
+from headwater.pipeline.plan import NULL_KEY, WRITE_STEP, BatchPlan, Knowledge, plan, widen_tables
+from headwater.pipeline.task import FAIL_ALL, FAIL_NOVEL, LEARN, Summary, TaskRun
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
 
 WRITE_FAILED = "HW-PIPE-401"
-# Novel rows are learned from a sample first (inference costs far more per row than the
-# batch's own pass), then from all of them: a batch is planned until nothing is left to learn.
-SAMPLES = (2_000, 20_000)
+FIRST_SAMPLE = 2_000  # events a writer that knows nothing learns its first guess from
+MAX_PLANS = 4  # a batch is planned at most this often (each plan learns from novel rows)
 __all__ = ["NULL_KEY", "WRITE_FAILED", "BatchStats", "DestinationWriter"]
 
 
@@ -76,7 +58,7 @@ class BatchStats:
     tables: dict[str, int] = field(default_factory=dict)
     replayed_batch: bool = False
     seconds: float = 0.0
-    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase (see _write)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -91,7 +73,6 @@ class DestinationWriter:
     def __init__(self, config: HeadwaterConfig, dest: DestinationConfig) -> None:
         self.config = config
         self.dest = dest
-        self.failed = FailedStore(config)
         self.knowledge_path = config.checkpoint_dir() / f"{dest.id}.knowledge.json"
         self.knowledge = Knowledge.load(self.knowledge_path)
         self._destination: Destination | None = None
@@ -105,8 +86,7 @@ class DestinationWriter:
     def destination(self) -> Destination:
         if self._destination is None:
             destination = open_destination(self.dest, self.config.data_dir)
-            if stages(destination):  # what a crashed run of this writer staged is not wanted
-                destination.clean_staging(self.dest.id)
+            destination.clean_staging(self.dest.id)  # what a crashed run staged is not wanted
             self._destination = destination
         return self._destination
 
@@ -115,18 +95,12 @@ class DestinationWriter:
             self._destination.close()
             self._destination = None
 
-    def plan(self, df: DataFrame) -> BatchPlan:
-        pipeline = self.config.pipeline
-        events = steps(
-            df,
-            self.dest,
-            self.knowledge.shape,
-            protobuf=dict(pipeline.protobuf) or None,
-            geoip_database=pipeline.geoip_database,
-        )
-        return BatchPlan(events, self.knowledge, self.dest, self.destination)
+    def plan(self) -> BatchPlan:
+        return plan(self.knowledge, self.dest, self.destination, self.config.pipeline)
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
+        from headwater.pipeline import sink
+
         started = time.monotonic()
         stats = BatchStats(batch_id)
         destination = self.destination
@@ -137,32 +111,90 @@ class DestinationWriter:
             return
         if not self.knowledge.shape.leaves:  # a new writer: a first guess from a sample
             with stats.phase("learn"):
-                if learn_first(df, self.knowledge.shape, SAMPLES[0]):
-                    self.knowledge.save(self.knowledge_path)
-        for attempt in itertools.count():
+                self._learn_first(df)
+        while True:
             stats.plans += 1
             with stats.phase("plan"):
-                plan = self.plan(df)
-                frame = plan.frame().persist()
+                planned = self.plan()
             try:
-                with stats.phase("steps"):  # the steps run here, into the cached frame
-                    summary = plan.summary(frame)
-                novel = sum(r["count"] for r in summary if r[NOVEL])
-                if novel:
-                    with stats.phase("learn"):
-                        sample = SAMPLES[attempt] if attempt < len(SAMPLES) else None
-                        learned = self._learn(frame, plan, summary, sample)
-                        if not learned and sample is not None:
-                            learned = self._learn(frame, plan, summary, None)
-                    if learned:
-                        self.knowledge.save(self.knowledge_path)
-                        continue
-                stats.novel = novel
-                self._write(frame, plan, summary, batch_id, destination, stats)
-                break
-            finally:
-                frame.unpersist()
+                with stats.phase("run"):
+                    result = sink.run(df, self.config, self.dest, batch_id, planned.program)
+            except Exception as exc:
+                if not _refused(exc):
+                    raise  # transient or unknown (a lost executor): the batch is retried
+                self._fail_batch(df, batch_id, planned, exc, stats)
+                stats.seconds = time.monotonic() - started
+                self._done(stats)
+                return
+            summary = result.summary
+            if summary.novel and stats.plans < MAX_PLANS:
+                with stats.phase("learn"):
+                    learned = self.knowledge.learn(summary.leaves, summary.seen, self.dest)
+                if learned:
+                    self.knowledge.save(self.knowledge_path)
+                    destination.discard_staged(self.dest.id, batch_id, result.parts)
+                    continue
+            break
+        if summary.novel_failed:  # novel rows that failed stay failed: nothing more to learn
+            with stats.phase("failed"):
+                sink.run(df, self.config, self.dest, batch_id, planned.program, mode=FAIL_NOVEL)
+        stats.rows, stats.novel, stats.failed = summary.rows, summary.novel, summary.failed
+        stats.skipped = summary.skipped
+        present = [tp for tp in planned.tables.values() if tp.schema.name in summary.tables]
+        try:
+            with stats.phase("patch"):
+                widen_tables(destination, present)
+            with stats.phase("commit"):
+                schemas = {tp.schema.name: tp.schema for tp in present}
+                destination.commit_staged(self.dest.id, batch_id, result.parts, schemas)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                destination.discard_staged(self.dest.id, batch_id, result.parts)
+            if not isinstance(exc, Exception) or _transient(exc):
+                raise
+            self._fail_batch(df, batch_id, planned, exc, stats)
+        else:
+            stats.tables = dict(summary.tables)
+            stats.written = sum(summary.tables.values())
         stats.seconds = time.monotonic() - started
+        self._done(stats)
+
+    def _learn_first(self, df: DataFrame) -> None:
+        """Widen the knowledge from the first ``FIRST_SAMPLE`` events of the batch, run here
+        in the driver (a sample, not the batch): their leaves, then the fields each table gets."""
+        sample = df.limit(FIRST_SAMPLE).toArrow()
+        if not sample.num_rows:
+            return
+        for _ in range(2):  # the shape, then what the planned fields hold per table
+            run = TaskRun(self.plan().program, self.dest.id, LEARN)
+            for batch in sample.to_batches():
+                run.add(batch)
+            summary: Summary = run.finish()
+            if not self.knowledge.learn(summary.leaves, summary.seen, self.dest):
+                break
+        self.knowledge.save(self.knowledge_path)
+
+    def _fail_batch(
+        self,
+        df: DataFrame,
+        batch_id: int,
+        planned: BatchPlan,
+        exc: Exception,
+        stats: BatchStats,
+    ) -> None:
+        """The destination refused the batch for good: its routed events go to the failed
+        store (one more job) and the batch is recorded as done, empty."""
+        from headwater.pipeline import sink
+
+        log.error("destination %s batch %d: write failed: %s", self.dest.id, batch_id, exc)
+        why = (WRITE_STEP, WRITE_FAILED, str(exc)[:2000])
+        result = sink.run(
+            df, self.config, self.dest, batch_id, planned.program, mode=FAIL_ALL, failure=why
+        )
+        stats.failed += sum(result.summary.tables.values())
+        self.destination.write_batch(self.dest.id, batch_id, {})
+
+    def _done(self, stats: BatchStats) -> None:
         self.last = stats
         self.batches += 1
         self.written += stats.written
@@ -171,143 +203,28 @@ class DestinationWriter:
             self.phases[name] = self.phases.get(name, 0.0) + seconds
         log.info(
             "destination %s batch %d: %d rows, %d written to %s, %d failed, %d skipped, "
-            "%d plan(s) (%.2f s: %s)",
+            "%d novel, %d plan(s) (%.2f s: %s)",
             self.dest.id,
-            batch_id,
+            stats.batch_id,
             stats.rows,
             stats.written,
             stats.tables,
             stats.failed,
             stats.skipped,
+            stats.novel,
             stats.plans,
             stats.seconds,
             ", ".join(f"{k} {v:.2f}" for k, v in stats.phases.items()),
         )
 
-    def _learn(
-        self, frame: DataFrame, plan: BatchPlan, summary: list[Any], sample: int | None
-    ) -> bool:
-        """Widen the knowledge from the batch's novel rows (the first ``sample`` of them, or
-        all); True when anything was new (the batch is then planned again). Rows that stay
-        novel when all of them teach nothing new (the cheap check can call a row novel that
-        fits) are written as they are."""
-        tables = learn_tables(plan, summary, self.knowledge)
-        return learn_shape(frame, self.knowledge.shape, sample) or tables
 
-    def _write(
-        self,
-        frame: DataFrame,
-        plan: BatchPlan,
-        counts: list[Any],
-        batch_id: int,
-        destination: Destination,
-        stats: BatchStats,
-    ) -> None:
-        stats.rows = sum(r["count"] for r in counts)
-        stats.skipped = sum(r["count"] for r in counts if r["ok"] and not r[TABLE])
-        rows_per_table: dict[str, int] = {}
-        for r in counts:
-            if r["ok"] and r[TABLE]:
-                rows_per_table[r[TABLE]] = rows_per_table.get(r[TABLE], 0) + r["count"]
-        present = {n: tp for n, tp in plan.tables.items() if tp.schema.name in rows_per_table}
-        with stats.phase("patch"):
-            widen_tables(destination, present)
-        if any(not r["ok"] for r in counts):
-            with stats.phase("failed"):
-                self._fail(frame.where(F.col(ERROR).isNotNull()), stats)
-        tables = {tp.schema.name: tp for tp in present.values()}
-        try:
-            with stats.phase("write"):
-                if stages(destination):
-                    self._stage_and_commit(frame, tables, batch_id, destination)
-                else:
-                    destination.write_batch(self.dest.id, batch_id, _arrow(frame, tables))
-        except TransientError:
-            raise
-        except Exception as exc:
-            if _transient(exc):
-                raise
-            log.error("destination %s batch %d: write failed: %s", self.dest.id, batch_id, exc)
-            # every routed row: their source records come from the batch itself
-            everything = plan.events.where(F.col(ERROR).isNull() & (F.col(TABLE) != ""))
-            self._fail(
-                everything.withColumn(
-                    ERROR, failure(WRITE_STEP, WRITE_FAILED, str(exc)[:2000])
-                ).select(F.struct(*SOURCE_COLUMNS).alias(SOURCE), ERROR),
-                stats,
-            )
-            destination.write_batch(self.dest.id, batch_id, {})
-            return
-        for name in tables:
-            stats.tables[name] = rows_per_table[name]
-            stats.written += rows_per_table[name]
+def _refused(exc: BaseException) -> bool:
+    """A task's destination refused the rows for good (a terminal ``HW-DST-...`` error, as it
+    surfaces from the Spark job)."""
+    from headwater.pipeline.status import classify
 
-    def _stage_and_commit(
-        self,
-        frame: DataFrame,
-        tables: dict[str, TablePlan],
-        batch_id: int,
-        destination: Destination,
-    ) -> None:
-        """Executors stage the rows (``headwater_sink``); the driver commits them with the
-        ledger in one step. Nothing staged is visible unless committed."""
-        from headwater.pipeline.sink import stage_frame
-
-        frame_columns = sorted({fc for tp in tables.values() for _, fc in tp.columns})
-        rows = frame.where(F.col(TABLE) != "").select(TABLE, ORDER, *frame_columns)
-        layout = {name: [list(pair) for pair in tp.columns] for name, tp in tables.items()}
-        parts = stage_frame(rows, self.config, self.dest, batch_id, layout)
-        try:
-            schemas = {name: tp.schema for name, tp in tables.items()}
-            destination.commit_staged(self.dest.id, batch_id, parts, schemas)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                destination.discard_staged(self.dest.id, batch_id, parts)
-            raise
-
-    def _fail(self, failed: DataFrame, stats: BatchStats) -> None:
-        rows = failed.select(f"{SOURCE}.*", ERROR).collect()
-        if not rows:
-            return
-        at = now_iso()
-        events = [_failed_event(self.dest.id, r.asDict(), at) for r in rows]
-        self.failed.append(events)
-        stats.failed += len(events)
-
-
-def _failed_event(destination: str, row: dict[str, Any], at: str) -> FailedEvent:
-    error = row[ERROR]
-    headers = tuple((h["key"], bytes(h["value"] or b"")) for h in row["headers"] or [])
-    return FailedEvent(
-        id=make_id(destination, row["topic"], row["partition"], row["offset"]),
-        destination=destination,
-        step=error["step"],
-        code=error["code"],
-        reason=error["reason"] or "",
-        topic=row["topic"],
-        partition=row["partition"],
-        offset=row["offset"],
-        failed_at=at,
-        key=None if row["key"] is None else bytes(row["key"]),
-        value=bytes(row["value"] or b""),
-        headers=headers,
-    )
-
-
-def stages(destination: Destination) -> bool:
-    """Whether the destination stages rows from Spark tasks (else the driver writes)."""
-    return type(destination).stage is not Destination.stage
-
-
-def _arrow(frame: DataFrame, tables: dict[str, TablePlan]) -> dict[str, pa.Table]:
-    """Every table's rows through the driver (destinations that cannot stage)."""
-    out = {}
-    for name, tp in tables.items():
-        rows = frame.where(F.col(TABLE) == name)
-        if tp.schema.primary_key:
-            rows = rows.orderBy(ORDER)
-        out[name] = rows.select(*[F.col(fc).alias(c) for c, fc in tp.columns]).toArrow()
-    return out
+    failure = classify(exc)
+    return bool(failure.code and failure.code.startswith("HW-DST-") and not failure.transient)
 
 
 def _transient(exc: BaseException) -> bool:

@@ -1,13 +1,19 @@
-"""Test helpers for the pipeline: micro-batches in the source's layout, without a log."""
+"""Test helpers for the pipeline: micro-batches in the source's layout, without a log, and the
+batch's program run in-process (as a Spark task runs it) without Spark."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from headwater.bus import context
+from headwater.bus.arrow import ARROW_SCHEMA
 
 SOURCE_SCHEMA = (
     "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
@@ -17,37 +23,138 @@ EPOCH_2024 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 
 
 def event_row(
-    value: Mapping[str, Any] | bytes | str,
+    value: Mapping[str, Any] | bytes | str | None,
     *,
     offset: int = 0,
     topic: str = "events-track",
-    headers: Mapping[str, str] | None = None,
+    headers: Mapping[str, str | None] | None = None,
     key: bytes | None = None,
     content_type: str | None = "application/json",
 ) -> tuple[Any, ...]:
-    """One row as the source gives it; a mapping is sent as JSON."""
+    """One row as the source gives it; a mapping is sent as JSON. A header given as None is
+    left out."""
     if isinstance(value, Mapping):
-        data = json.dumps(value).encode()
+        data: bytes | None = json.dumps(value).encode()
     elif isinstance(value, str):
         data = value.encode()
     else:
         data = value
-    base = {
+    base: dict[str, str | None] = {
         context.TYPE: topic.split("-", 1)[-1],
         context.EVENT_ID: f"ev-{offset}",
         context.RECEIVED_AT: "2024-05-01T12:00:00.000Z",
         context.CLIENT_IP: "81.2.69.142",
         context.SOURCE: "web",
         context.PROTOCOL: "segment",
+        context.CONTENT_TYPE: content_type,
     }
-    if content_type is not None:
-        base[context.CONTENT_TYPE] = content_type
     base.update(headers or {})
-    hdrs = [(k, v.encode()) for k, v in base.items()]
+    hdrs = [(k, v.encode()) for k, v in base.items() if v is not None]
     return (key, data, topic, 0, offset, EPOCH_2024, 0, hdrs)
 
 
-def batch(spark: Any, values: Sequence[Mapping[str, Any] | bytes | str], **kw: Any) -> Any:
+def rows_of(values: Sequence[Mapping[str, Any] | bytes | str | None], **kw: Any) -> list[Any]:
+    return [event_row(v, offset=i, **kw) for i, v in enumerate(values)]
+
+
+def batch(spark: Any, values: Sequence[Mapping[str, Any] | bytes | str | None], **kw: Any) -> Any:
     """A DataFrame of ``values`` at offsets 0, 1, ... in the source's layout."""
-    rows = [event_row(v, offset=i, **kw) for i, v in enumerate(values)]
-    return spark.createDataFrame(rows, SOURCE_SCHEMA)
+    return spark.createDataFrame(rows_of(values, **kw), SOURCE_SCHEMA)
+
+
+def source_table(values: Sequence[Mapping[str, Any] | bytes | str | None], **kw: Any) -> pa.Table:
+    """An Arrow table of ``values`` at offsets 0, 1, ... in the source's layout."""
+    names = ARROW_SCHEMA.names
+    rows = [dict(zip(names, r, strict=True)) for r in rows_of(values, **kw)]
+    for r in rows:
+        r["headers"] = [{"key": k, "value": v} for k, v in r["headers"]]
+    return pa.Table.from_pylist(rows, schema=ARROW_SCHEMA)
+
+
+@dataclass
+class Processed:
+    """What a batch's program made of it, run in-process."""
+
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # ordered by offset
+    failed: list[Any] = field(default_factory=list)  # FailedEvent
+    summary: Any = None  # task.Summary
+    plan: Any = None  # plan.BatchPlan
+    knowledge: Any = None  # plan.Knowledge
+
+    def rows(self, table: str = "events") -> list[dict[str, Any]]:
+        return self.tables.get(table, [])
+
+    def errors(self) -> dict[int, tuple[str, str]]:
+        """offset -> (code, reason) of the failed rows."""
+        return {e.offset: (e.code, e.reason) for e in self.failed}
+
+
+def process(
+    source: pa.Table,
+    dest: Mapping[str, Any] | None = None,
+    *,
+    path: Path | None = None,
+    pipeline: Mapping[str, Any] | None = None,
+    knowledge: Any = None,
+) -> Processed:
+    """Plan ``source`` for the destination ``dest`` (a config mapping; by default a DuckDB file
+    under ``path``) learning what it needs from the batch itself, as a fresh writer does, and
+    run the program over it in-process: the rows each table would get, and the failures."""
+    from headwater.config.model import HeadwaterConfig
+    from headwater.destinations import open_destination
+    from headwater.pipeline.plan import Knowledge, plan
+    from headwater.pipeline.task import LEARN, WRITE, TaskRun
+
+    root = path or Path("/nonexistent")
+    spec = {"id": "wh", "type": "duckdb", "path": str(root / "wh.duckdb"), **(dest or {})}
+    config = HeadwaterConfig.model_validate(
+        {"data_dir": str(root / "data"), "pipeline": {**(pipeline or {}), "destinations": [spec]}}
+    )
+    dest_config = config.pipeline.destinations[0]
+    destination = open_destination(dest_config, config.data_dir)
+    known = knowledge if knowledge is not None else Knowledge()
+    try:
+        for _ in range(4):
+            program = plan(known, dest_config, destination, config.pipeline).program
+            learn = TaskRun(program, dest_config.id, LEARN)
+            for b in source.to_batches():
+                learn.add(b)
+            found = learn.finish()
+            if not known.learn(found.leaves, found.seen, dest_config):
+                break
+        out = Processed(knowledge=known)
+        out.plan = plan(known, dest_config, destination, config.pipeline)
+        parts: dict[str, list[pa.Table]] = {}
+
+        def on_rows(tables: dict[str, pa.Table]) -> None:
+            for name, rows in tables.items():
+                parts.setdefault(name, []).append(rows)
+
+        run = TaskRun(out.plan.program, dest_config.id, WRITE, on_rows, out.failed.extend)
+        for b in source.to_batches():
+            run.add(b)
+        out.summary = run.finish()
+        for name, ps in parts.items():
+            rows = pa.concat_tables(ps).sort_by("_hw_order").drop_columns(["_hw_order"])
+            out.tables[name] = rows.to_pylist()
+        out.failed.sort(key=lambda e: e.offset)
+        return out
+    finally:
+        destination.close()
+
+
+def events_after_steps(
+    source: pa.Table, tmp_path: Path, pipeline: Mapping[str, Any] | None = None, **dest: Any
+) -> tuple[list[dict[str, Any] | None], dict[int, tuple[str, str]]]:
+    """Each row's event after every step (its JSON as an archive keeps it; None for rows that
+    failed or were skipped), in offset order, and the failures by offset. Rows are told apart
+    by their event id (``event_row`` gives ``ev-<offset>``)."""
+    spec = {"type": "files", "format": "jsonl.gz", "path": str(tmp_path / "files"), **dest}
+    done = process(source, spec, path=tmp_path, pipeline=pipeline)
+    by_id = {}
+    for rows in done.tables.values():
+        for r in rows:
+            event = json.loads(r["event"])
+            by_id[event.get("eventn_ctx", {}).get("event_id")] = event
+    offsets = source.column("offset").to_pylist()
+    return [by_id.get(f"ev-{o}") for o in offsets], done.errors()

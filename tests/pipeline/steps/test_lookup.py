@@ -1,30 +1,20 @@
 """Step 3's lookups: IP -> location from a MaxMind-format database the test builds, and user
-agent parsing; then the rules, configured and implicit, on events."""
+agent parsing, as the DuckDB functions the tasks call; then the rules, configured and implicit,
+on events."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+import duckdb
 import maxminddb
 import pyarrow as pa
 import pytest
 
 from headwater.bus import context
-from headwater.pipeline.columns import EVENT
-from headwater.pipeline.config import EnrichmentRule
-from headwater.pipeline.steps.context import enrich_context
-from headwater.pipeline.steps.decode import decode
-from headwater.pipeline.steps.lookup import (
-    GEO_SCHEMA,
-    UA_SCHEMA,
-    geo_lookup,
-    map_distinct,
-    parse_user_agent,
-)
-from headwater.pipeline.steps.lookup_rules import apply_lookups
+from headwater.pipeline.steps.lookup import GEO, map_distinct, register
 from headwater.testing.geoip import build_test_mmdb, city_record
-from headwater.testing.pipeline import batch
+from headwater.testing.pipeline import events_after_steps, source_table
 
 CHROME = (
     "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) "
@@ -70,14 +60,18 @@ def test_the_built_database_is_valid_maxmind(geo_db: Path) -> None:
         assert reader.get("8.8.8.8") is None
 
 
-def test_geo_lookup(spark, geo_db: Path) -> None:
+def lookups(function: str, values: list[str | None], geo_db: Path | None = None) -> list:
+    con = duckdb.connect()
+    register(con, str(geo_db) if geo_db else None)
+    con.register("t", pa.table({"i": list(range(len(values))), "v": pa.array(values, pa.string())}))
+    return [r[0] for r in con.execute(f"select {function}(v) from t order by i").fetchall()]
+
+
+def test_geo_lookup(geo_db: Path) -> None:
     ips = ["81.2.69.160", "2001:218::1", "8.8.8.8", "10.0.0.1", "not an ip", None, " 81.2.69.1"]
     ips += ["2a00:1450::1", "fd00::1", "::1", "fe80::1", "", "81.2.69.999", "81.2.69.160"]
-    df = spark.createDataFrame([(i, ip) for i, ip in enumerate(ips)], "i int, ip string")
-    out = df.select("i", geo_lookup(df.ip, geo_db).alias("geo"))
-    assert out.schema["geo"].dataType == GEO_SCHEMA
-    got = [r.geo for r in out.orderBy("i").collect()]
-    london = got[0].asDict()
+    got = lookups("hw_geo", ips, geo_db)
+    london = got[0]
     assert london == {
         "country": "GB",
         "country_name": "United Kingdom",
@@ -96,16 +90,14 @@ def test_geo_lookup(spark, geo_db: Path) -> None:
 
 
 def test_map_distinct_aligns_results_with_repeats_and_nulls() -> None:
-    fields = GEO_SCHEMA.fields[:1]
     seen: list[str] = []
 
     def lookup(v):
         seen.append(v)
         return None if v == "none" else (v.upper(),)
 
-    arrow_fields = [(f.name, f.dataType, pa.string()) for f in fields]
     values = pa.array(["a", None, "b", "a", "none", "b", "a"])
-    got = map_distinct(values, lookup, arrow_fields).to_pylist()
+    got = map_distinct(values, lookup, GEO[:1]).to_pylist()
     assert got == [
         {"country": "A"},
         None,
@@ -118,50 +110,62 @@ def test_map_distinct_aligns_results_with_repeats_and_nulls() -> None:
     assert sorted(seen) == ["a", "b", "none"]  # each distinct value looked up once
 
 
-def test_user_agent_parsing(spark) -> None:
-    agents = [CHROME, IPHONE, GOOGLEBOT, "", None, CHROME]
-    df = spark.createDataFrame(list(enumerate(agents)), "i int, ua string")
-    out = df.select("i", parse_user_agent(df.ua).alias("p"))
-    assert out.schema["p"].dataType == UA_SCHEMA
-    got = [r.p for r in out.orderBy("i").collect()]
-    assert (got[0].browser_family, got[0].browser_version, got[0].os_family) == (
+def test_user_agent_parsing() -> None:
+    got = lookups("hw_user_agent", [CHROME, IPHONE, GOOGLEBOT, "", None, CHROME])
+    assert (got[0]["browser_family"], got[0]["browser_version"], got[0]["os_family"]) == (
         "Chrome",
         "124.0.0",
         "Windows",
     )
-    assert (got[1].browser_family, got[1].os_family, got[1].device_brand) == (
+    assert (got[1]["browser_family"], got[1]["os_family"], got[1]["device_brand"]) == (
         "Mobile Safari",
         "iOS",
         "Apple",
     )
-    assert got[1].os_version == "17.4" and got[1].bot is False
-    assert got[2].browser_family == "Googlebot" and got[2].bot is True
-    assert got[0].bot is False and got[0].device_family == "Other"
+    assert got[1]["os_version"] == "17.4" and got[1]["bot"] is False
+    assert got[2]["browser_family"] == "Googlebot" and got[2]["bot"] is True
+    assert got[0]["bot"] is False and got[0]["device_family"] == "Other"
     assert got[3:5] == [None, None]
     assert got[5] == got[0]
 
 
-def test_rules_configured_and_implicit_for_browser_events(spark, geo_db: Path) -> None:
-    rows = [
-        # a browser event through the Segment API: the implicit rules apply
-        ({"ip": "81.2.69.160"}, {context.PROTOCOL: "segment", context.USER_AGENT: CHROME}),
-        # a server-side event: only the configured rule
-        ({"ip": "2001:218::1"}, {context.PROTOCOL: "raccoon-ws", context.USER_AGENT: "curl/8"}),
-    ]
-    frames = [batch(spark, [v], headers=h) for v, h in rows]
-    df = frames[0].unionByName(frames[1])
-    rule = EnrichmentRule(name="ip_lookup", src="/ip", dst="/geo")
-    out = apply_lookups(enrich_context(decode(df)), [rule], geo_db)
-    events = [json.loads(r.e) for r in out.select(F_json()).orderBy("offset").collect()]
-    browser, server = events
-    assert browser["geo"]["city"] == "London"
-    assert browser["eventn_ctx"]["location"]["country"] == "GB"  # from source_ip 81.2.69.142
-    assert browser["eventn_ctx"]["parsed_ua"]["browser_family"] == "Chrome"
-    assert server["geo"]["city"] == "Tokyo"
-    assert "location" not in server["eventn_ctx"] and "parsed_ua" not in server["eventn_ctx"]
+def test_rules_configured_and_implicit_for_browser_events(geo_db: Path, tmp_path: Path) -> None:
+    # a browser event through the Segment API: the implicit rules apply; a server-side event:
+    # only the configured rule
+    browser = source_table(
+        [{"ip": "81.2.69.160"}],
+        headers={context.PROTOCOL: "segment", context.USER_AGENT: CHROME},
+    )
+    server = source_table(
+        [{"ip": "2001:218::1"}],
+        headers={
+            context.PROTOCOL: "raccoon-ws",
+            context.USER_AGENT: "curl/8",
+            context.EVENT_ID: "ev-1",
+        },
+    )
+    server = server.set_column(4, "offset", pa.array([1], pa.int64()))
+    events, _ = events_after_steps(
+        pa.concat_tables([browser, server]).replace_schema_metadata(),
+        tmp_path,
+        enrichment=[{"name": "ip_lookup", "src": "/ip", "dst": "/geo"}],
+        pipeline={"geoip_database": str(geo_db)},
+    )
+    browser_event, server_event = events
+    assert browser_event["geo"]["city"] == "London"
+    assert browser_event["eventn_ctx"]["location"]["country"] == "GB"  # from 81.2.69.142
+    assert browser_event["eventn_ctx"]["parsed_ua"]["browser_family"] == "Chrome"
+    assert server_event["geo"]["city"] == "Tokyo"
+    assert "location" not in server_event["eventn_ctx"]
+    assert "parsed_ua" not in server_event["eventn_ctx"]
 
 
-def F_json():
-    from pyspark.sql import functions as F
+def test_an_ip_lookup_rule_needs_a_database(tmp_path: Path) -> None:
+    from headwater.errors import ConfigError
 
-    return F.to_json(F.col(EVENT)).alias("e")
+    with pytest.raises(ConfigError, match="geoip_database"):
+        events_after_steps(
+            source_table([{"ip": "81.2.69.160"}]),
+            tmp_path,
+            enrichment=[{"name": "ip_lookup", "src": "/ip", "dst": "/geo"}],
+        )

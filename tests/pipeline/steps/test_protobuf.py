@@ -7,21 +7,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
-from pyspark.sql import functions as F
 
 from headwater.bus import context
-from headwater.pipeline.columns import ERROR, EVENT, header
 from headwater.pipeline.config import ProtobufType
-from headwater.pipeline.steps.decode import INVALID_PROTOBUF, decode
+from headwater.pipeline.steps.decode import INVALID_PROTOBUF
 from headwater.pipeline.steps.protobuf import (
     ProtobufConfigError,
+    decode_values,
     load_types,
-    protobuf_to_json,
     to_json,
 )
-from headwater.testing.pipeline import SOURCE_SCHEMA, event_row
+from headwater.testing.pipeline import events_after_steps, source_table
 
 FDP = descriptor_pb2.FieldDescriptorProto
 MESSAGE = "shop.v1.Order"
@@ -116,56 +115,35 @@ EXPECTED = {
 GARBAGE = b"\xff\xff\xff\xff"  # a tag whose varint never ends
 
 
-def frame(spark, rows: list[tuple[bytes | None, str | None]]):
-    """Source-layout rows: (value, event type header or None)."""
-    out = []
-    for offset, (value, event_type) in enumerate(rows):
-        row = list(event_row(b"", offset=offset, content_type=PROTOBUF))
-        row[1] = value
-        hdrs = [h for h in row[7] if h[0] != context.TYPE]
-        if event_type is not None:
-            hdrs.append((context.TYPE, event_type.encode()))
-        row[7] = hdrs
-        out.append(tuple(row))
-    return spark.createDataFrame(out, SOURCE_SCHEMA)
+def test_registered_types_decode_and_others_are_left_alone(types) -> None:
+    kinds = load_types(types)
+    values = [order_bytes(), b"", order_bytes(), order_bytes(), GARBAGE, None]
+    event_types = ["order", "order", "track", None, "order", "order"]
+    texts, errors = decode_values(pa.array(values, pa.binary()), pa.array(event_types), kinds)
+    got = list(zip(texts.to_pylist(), errors.to_pylist(), strict=True))
+    assert json.loads(got[0][0]) == EXPECTED and got[0][1] is None
+    assert got[1] == ("{}", None)  # an empty message is a valid one
+    assert got[2] == (None, None) and got[3] == (None, None)  # not registered, no type
+    assert got[4][0] is None
+    assert got[4][1].startswith(f"the value is not a valid protobuf message {MESSAGE}: ")
+    assert got[5][0] is None and MESSAGE in got[5][1]  # a tombstone
 
 
-def test_registered_types_decode_and_others_are_left_alone(spark, types) -> None:
-    df = frame(
-        spark,
-        [
-            (order_bytes(), "order"),
-            (b"", "order"),  # an empty message is a valid one
-            (order_bytes(), "track"),  # not registered
-            (order_bytes(), None),  # no type header
-            (GARBAGE, "order"),
-            (None, "order"),  # a tombstone
-        ],
+def test_decode_step_turns_protobuf_into_events_and_fails_bad_bytes(tmp_path, types) -> None:
+    source = source_table(
+        [order_bytes(), GARBAGE], content_type=PROTOBUF, headers={context.TYPE: "order"}
     )
-    got = [
-        r.p
-        for r in df.select(protobuf_to_json(F.col("value"), header(context.TYPE), types).alias("p"))
-        .orderBy("offset")
-        .collect()
-    ]
-    assert json.loads(got[0].json) == EXPECTED and got[0].error is None
-    assert (got[1].json, got[1].error) == ("{}", None)
-    assert got[2] is None and got[3] is None
-    assert got[4].json is None
-    assert got[4].error.startswith(f"the value is not a valid protobuf message {MESSAGE}: ")
-    assert got[5].json is None and MESSAGE in got[5].error
-
-
-def test_decode_step_turns_protobuf_into_events_and_fails_bad_bytes(spark, types) -> None:
-    df = decode(frame(spark, [(order_bytes(), "order"), (GARBAGE, "order")]), types)
-    rows = df.orderBy("offset").select(F.to_json(EVENT).alias("e"), ERROR).collect()
-    # the decoded event is typed: date-time text became a timestamp (rendered with millis)
-    want = {**EXPECTED, "placed_at": "2024-05-01T12:00:00.000Z"}
-    assert json.loads(rows[0].e) == want and rows[0][ERROR] is None
-    assert rows[1].e is None
-    failed = rows[1][ERROR]
-    assert (failed.step, failed.code) == ("decode", INVALID_PROTOBUF)
-    assert MESSAGE in failed.reason
+    events, errors = events_after_steps(
+        source,
+        tmp_path,
+        pipeline={"protobuf": {k: v.model_dump(mode="json") for k, v in types.items()}},
+    )
+    # the decoded event is typed: date-time text became a timestamp
+    want = {**EXPECTED, "placed_at": "2024-05-01T12:00:00.000000Z"}
+    assert {k: v for k, v in events[0].items() if k in want} == want
+    assert events[1] is None
+    code, reason = errors[1]
+    assert code == INVALID_PROTOBUF and MESSAGE in reason
 
 
 def test_a_set_with_its_imports_decodes_alike(tmp_path: Path) -> None:

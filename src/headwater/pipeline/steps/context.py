@@ -9,23 +9,30 @@ under the names Jitsu's pipeline uses (seed 002, "ContextEnrichment step"):
 | ``src`` | ``protocol`` | the intake: raccoon-ws, segment, jitsu, otlp, ... |
 | ``eventn_ctx.event_id`` | ``event-id`` | the UUIDv7 given on receipt |
 | ``eventn_ctx.user_agent`` | ``user-agent`` | the client's User-Agent |
-| ``event_type`` | ``type`` | only when the event has no ``event_type`` of its own |
+| ``event_type`` | ``type`` | only when the event has no text ``event_type`` of its own |
 
-Context fields replace what a client sent under the same names: they are the server's facts.
-The event is a struct of a known type, so each field is one native ``withField``.
+Context fields replace what a client sent under the same names: they are the server's facts
+(where a header is missing, the client's value stays, as text).
 """
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructType
-
 from headwater.bus import context
-from headwater.pipeline.columns import EVENT, header, with_event
-from headwater.pipeline.structs import nulls, type_at
+from headwater.pipeline import sql
+from headwater.pipeline.columns import header
+from headwater.pipeline.fields import (
+    TEXT,
+    TIMESTAMP,
+    Field,
+    Fields,
+    as_text,
+    set_subtree,
+    timestamp_of,
+)
+from headwater.pipeline.shape import STRING
 
 CTX = "eventn_ctx"
+STRINGS = frozenset({STRING})
 
 FIELDS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("source_ip",), context.CLIENT_IP),
@@ -34,51 +41,30 @@ FIELDS: tuple[tuple[tuple[str, ...], str], ...] = (
     ((CTX, "event_id"), context.EVENT_ID),
     ((CTX, "user_agent"), context.USER_AGENT),
 )
+HEADERS = (*(name for _, name in FIELDS), context.RECEIVED_AT, context.TYPE)
 
 
-def received_at() -> Column:
+def received_at() -> str:
     """The receive time (the record's time when the header is missing or unreadable)."""
-    return F.coalesce(F.try_to_timestamp(header(context.RECEIVED_AT)), F.col("timestamp"))
+    return f'COALESCE({timestamp_of(sql.ident(header(context.RECEIVED_AT)))}, "timestamp")'
 
 
-def _keep_or(current: Column, value: Column) -> Column:
-    """``value``, or what the event had where the header is missing."""
-    return F.coalesce(value, current)
-
-
-def enrich_context(df: DataFrame) -> DataFrame:
-    """Add the context fields to ``event`` (rows without an event pass through)."""
-    struct = df.schema[EVENT].dataType
-    assert isinstance(struct, StructType)
-    event = F.col(EVENT)
-    # top-level text fields: the header's value, else what the client sent (as text)
+def enrich(fields: Fields) -> Fields:
+    """``fields`` with the context fields set."""
+    out = dict(fields)
     for path, name in FIELDS:
-        if path[0] == CTX:
-            continue
-        have = type_at(struct, path)
-        value = header(name)
-        if have is not None:
-            value = _keep_or(event.getField(path[0]).cast("string"), value)
-        event = event.withField(path[0], value)
-    event = event.withField("_timestamp", received_at())
-    # eventn_ctx: an object of the client's keeps its other fields
-    ctx_type = type_at(struct, (CTX,))
-    ctx_values = {path[1]: header(name) for path, name in FIELDS if path[0] == CTX}
-    if isinstance(ctx_type, StructType):
-        ctx = F.coalesce(event.getField(CTX), nulls(ctx_type))  # the client's object, or one
-        for key, value in ctx_values.items():
-            if key in ctx_type.names:
-                value = _keep_or(ctx.getField(key).cast("string"), value)
-            ctx = ctx.withField(key, value)
-        event = event.withField(CTX, ctx)
-    else:
-        event = event.withField(CTX, F.struct(*[v.alias(k) for k, v in ctx_values.items()]))
-    # event_type: the event's own, else the header's
-    own = type_at(struct, ("event_type",))
-    if own is None:
-        event = event.withField("event_type", header(context.TYPE))
-    elif isinstance(own, StringType):
-        event = event.withField(
-            "event_type", F.coalesce(event.getField("event_type"), header(context.TYPE))
-        )
-    return with_event(df, event)
+        value = sql.ident(header(name))
+        own = out.get(path)
+        if own is not None:
+            value = f"COALESCE({value}, {as_text(own)})"
+        out = set_subtree(out, path, {(): Field(path, value, TEXT, STRINGS)}, None)
+    stamp = ("_timestamp",)
+    out = set_subtree(out, stamp, {(): Field(stamp, received_at(), TIMESTAMP, STRINGS)}, None)
+    kind = ("event_type",)
+    own = out.get(kind)
+    typed = sql.ident(header(context.TYPE))
+    if own is None and not any(p[:1] == kind for p in out):
+        out[kind] = Field(kind, typed, TEXT, STRINGS)
+    elif own is not None and own.form == TEXT:
+        out[kind] = Field(kind, f"COALESCE({own.sql}, {typed})", TEXT, STRINGS)
+    return out

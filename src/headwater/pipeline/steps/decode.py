@@ -1,135 +1,191 @@
-"""Step 1, decode: the record's bytes become ``event``, a struct parsed once from JSON text.
+"""Step 1, decode: the record's bytes become the event's JSON text, parsed once against the shape.
 
 - Event types with a registered protobuf descriptor (``pipeline.protobuf``) are decoded with it
-  to their JSON form.
+  to their JSON form (``headwater.pipeline.steps.protobuf``, before the query runs).
 - JSON (content type ``application/json`` or ``*+json``) is taken as is; invalid JSON and JSON
   that is not an object fail the event (``HW-PIPE-101``, ``HW-PIPE-102``).
 - Other bytes that are a JSON object are taken as one (Raccoon clients often put JSON in
   ``event_bytes``, which arrive labelled ``application/x-protobuf``).
 - Anything else is kept as bytes: ``{"_raw_base64": "<the bytes, base64>"}``.
 
-The JSON text (``_hw_json_text``) is parsed with ``from_json`` against the destination's carried
-shape (``headwater.pipeline.shape``); ``_hw_novel`` marks the events that hold something the
-shape does not know. Only those are checked strictly (a VARIANT parse tells invalid JSON and
-non-objects apart) and inferred; the writer then widens the shape and plans the batch again.
-Without a shape (``shape=None``: tests, one-off use) the batch's own shape is inferred first.
+The text is parsed with DuckDB's ``json_transform`` against the destination's carried shape
+(``Shape.structure``): one ``Field`` per known leaf (``fields``). ``novel`` marks the events that
+hold something the shape does not know: a key (the keys counted on the text, which can only
+count too many, never too few, against the values the parse filled), or a value of a kind the
+leaf never had. Only those events are inferred, by the task, exactly.
+
+Two variants of the query exist: the usual one assumes that text which starts like an object is
+valid JSON (``json_transform`` then raises on the whole chunk if one is not: the task runs the
+chunk again ``guarded``, which checks every event with ``json_valid`` first).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
-
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
-
 from headwater.bus import context
-from headwater.pipeline import shape as sh
+from headwater.pipeline import sql
 from headwater.pipeline.columns import (
-    ERROR,
-    ERROR_TYPE,
-    EVENT,
     JSON_TEXT,
-    JSON_WHITESPACE,
-    NOVEL,
+    PARSED,
+    PROTO_ERROR,
+    PROTO_JSON,
+    UTF8,
     failure,
     header,
 )
-
-if TYPE_CHECKING:
-    from headwater.pipeline.config import ProtobufType
+from headwater.pipeline.fields import (
+    BIGINT,
+    BOOLEAN,
+    DOUBLE,
+    RAW,
+    TEXT,
+    TIMESTAMP,
+    Field,
+    Fields,
+    kind_in,
+    timestamp_of,
+)
+from headwater.pipeline.shape import BOOL, FLOAT64, INT64, ISO_TIMESTAMP, JSON, KINDS, Shape
 
 STEP = "decode"
 INVALID_JSON = "HW-PIPE-101"
 NOT_AN_OBJECT = "HW-PIPE-102"
 INVALID_PROTOBUF = "HW-PIPE-103"
 RAW_FIELD = "_raw_base64"
-PROTO = "_hw_proto"
-PARSED = "_hw_parsed"
+HEADERS = (context.CONTENT_TYPE,)
+_WS = " \t\r\n"
+_TEXT = sql.ident(JSON_TEXT)
 
 
-def json_text(df: DataFrame, protobuf: Mapping[str, ProtobufType] | None = None) -> DataFrame:
-    """Add ``_hw_json_text`` (the event as JSON text, raw bytes wrapped) and ``_hw_error`` where
-    protobuf decoding failed."""
-    if ERROR not in df.columns:
-        df = df.withColumn(ERROR, F.lit(None).cast(ERROR_TYPE))
-    content_type = F.lower(F.coalesce(header(context.CONTENT_TYPE), F.lit("")))
-    text = F.col("value").cast("string")
-    json_like = content_type.startswith("application/json") | content_type.contains("+json")
-    sniffed = (
-        ~json_like
-        & F.ltrim(text, F.lit(JSON_WHITESPACE)).startswith("{")
-        & F.try_parse_json(text).isNotNull()
+def _h(name: str) -> str:
+    return sql.ident(header(name))
+
+
+def looks_like_object(text: str) -> str:
+    """The text's first non-blank character is ``{``."""
+    return f"(ascii({text}) = 123 OR ascii(ltrim({text}, {sql.lit(_WS)})) = 123)"
+
+
+def json_text(protobuf: bool) -> str:
+    """The event's JSON text (NULL where protobuf decoding failed or JSON-labelled bytes are
+    not UTF-8)."""
+    content_type = f"lower(COALESCE({_h(context.CONTENT_TYPE)}, ''))"
+    json_like = (
+        f"(starts_with({content_type}, 'application/json') OR contains({content_type}, '+json'))"
     )
-    raw = F.concat(F.lit('{"' + RAW_FIELD + '":"'), F.base64(F.col("value")), F.lit('"}'))
-    source = F.when(json_like | sniffed, text).otherwise(raw)
-    error = F.col(ERROR)
+    utf8 = sql.ident(UTF8)
+    sniffed = f"({utf8} IS NOT NULL AND {looks_like_object(utf8)} AND json_valid({utf8}))"
+    raw = f"""('{{"{RAW_FIELD}":"' || to_base64("value") || '"}}')"""
+    branches = [(json_like, utf8), (sniffed, utf8)]
     if protobuf:
-        from headwater.pipeline.steps.protobuf import protobuf_to_json
-
-        df = df.withColumn(PROTO, protobuf_to_json(F.col("value"), header(context.TYPE), protobuf))
-        proto = F.col(PROTO)
-        source = F.when(proto.isNotNull(), proto["json"]).otherwise(source)
-        error = F.when(F.col(ERROR).isNotNull(), F.col(ERROR)).when(
-            proto.isNotNull() & proto["json"].isNull(),
-            failure(STEP, INVALID_PROTOBUF, proto["error"]),
-        )
-    out = df.withColumn(JSON_TEXT, F.when(error.isNull(), source)).withColumn(ERROR, error)
-    return out.drop(PROTO) if protobuf else out
+        branches.insert(0, (f"{sql.ident(PROTO_ERROR)} IS NOT NULL", sql.NULL))
+        branches.insert(0, (f"{sql.ident(PROTO_JSON)} IS NOT NULL", sql.ident(PROTO_JSON)))
+    return sql.case(branches, raw)
 
 
-def strict_error(text: Column) -> Column:
-    """Why ``text`` is not a JSON object (null when it is one): the precise, costlier check."""
-    parsed = F.try_parse_json(text)
-    kind = F.lower(F.split(F.schema_of_variant(parsed), "<")[0])
-    is_object = F.ltrim(text, F.lit(JSON_WHITESPACE)).startswith("{")
-    return F.when(parsed.isNull(), failure(STEP, INVALID_JSON, "the value is not valid JSON")).when(
-        ~is_object,
-        failure(STEP, NOT_AN_OBJECT, F.concat(F.lit("the JSON value is not an object but "), kind)),
+def error(protobuf: bool, guarded: bool) -> str:
+    """Why the event cannot be decoded (NULL when it can), over ``_hw_json``."""
+    invalid = failure(STEP, INVALID_JSON, sql.lit("the value is not valid JSON"))
+    kind = (
+        f"CASE json_type({_TEXT}) WHEN 'ARRAY' THEN 'array' WHEN 'VARCHAR' THEN 'string' "
+        f"WHEN 'BOOLEAN' THEN 'boolean' WHEN 'NULL' THEN 'null' ELSE 'number' END"
     )
+    not_object = failure(STEP, NOT_AN_OBJECT, f"'the JSON value is not an object but ' || {kind}")
+    branches: list[tuple[str, str]] = []
+    if protobuf:
+        reason = sql.ident(PROTO_ERROR)
+        branches.append((f"{reason} IS NOT NULL", failure(STEP, INVALID_PROTOBUF, reason)))
+    branches.append((f"{_TEXT} IS NULL", invalid))
+    if guarded:
+        branches.append((f"NOT json_valid({_TEXT})", invalid))
+    branches.append(
+        (
+            f"NOT {looks_like_object(_TEXT)}",
+            sql.case([(f"json_valid({_TEXT})", not_object)], invalid),
+        )
+    )
+    return sql.case(branches)
 
 
-def infer_shape(df: DataFrame) -> sh.Shape:
-    """The shape of the events in ``df`` (``_hw_json_text``), from their VARIANT parse."""
-    text = F.col(JSON_TEXT)
-    is_object = F.ltrim(text, F.lit(JSON_WHITESPACE)).startswith("{")
-    parsed = df.where(is_object).select(F.try_parse_json(text).alias("v"))
-    out = sh.Shape()
-    out.merge(sh.infer(parsed, "v"))
+def parse(shape: Shape) -> str:
+    """The parse of ``_hw_json`` against ``shape`` (a struct; NULL for an empty shape)."""
+    if not shape.leaves:
+        return sql.NULL
+    import json
+
+    return f"json_transform({_TEXT}, {sql.lit(json.dumps(shape.structure()))})"
+
+
+def fields(shape: Shape) -> Fields:
+    """One field per leaf of ``shape``, read from the parsed struct."""
+    out: Fields = {}
+    for path, leaf in shape.leaves.items():
+        at = sql.field(sql.ident(PARSED), path)
+        if leaf.is_timestamp:
+            out[path] = Field(path, timestamp_of(at), TIMESTAMP, leaf.kinds)
+        elif leaf.is_text:
+            out[path] = Field(path, at, TEXT, leaf.kinds)
+        else:
+            out[path] = _raw_leaf(path, f"{at}::VARCHAR", leaf.kinds)
     return out
 
 
-def parse(df: DataFrame, shape: sh.Shape) -> DataFrame:
-    """Add ``event`` (``shape``'s value schema), ``_hw_novel``, and the strict ``_hw_error`` for
-    novel events that are not JSON objects; ``df`` has ``_hw_json_text``."""
-    text = F.col(JSON_TEXT)
-    if shape.leaves:
-        # parsed once, in a projection of its own: the checks below refer to it many times,
-        # and inlined each reference would parse the text again
-        df = df.withColumn(PARSED, F.from_json(text, shape.text_schema()))
-        parsed = F.col(PARSED)
-        is_novel = sh.novel(text, parsed, shape)
-        event = sh.to_values(parsed, shape)
-    else:
-        is_novel = F.lit(True)
-        event = F.lit(None).cast("struct<`_hw_none`:string>")
-    live = F.col(ERROR).isNull() & text.isNotNull()
-    df = df.withColumn(NOVEL, live & is_novel)
-    error = F.when(F.col(ERROR).isNotNull(), F.col(ERROR)).when(F.col(NOVEL), strict_error(text))
-    df = df.withColumn(ERROR, error)
-    ok = F.col(ERROR).isNull()
-    out = df.withColumn(NOVEL, F.col(NOVEL) & ok).withColumn(EVENT, F.when(ok, event))
-    return out.drop(PARSED) if shape.leaves else out
+def _raw_leaf(path: tuple[str, ...], raw: str, kinds: frozenset[str]) -> Field:
+    if kinds == {INT64}:
+        return Field(path, f"TRY_CAST({raw} AS BIGINT)", BIGINT, kinds)
+    if kinds == {BOOL}:
+        return Field(
+            path, f"CASE {raw} WHEN 'true' THEN true WHEN 'false' THEN false END", BOOLEAN, kinds
+        )
+    if JSON not in kinds and kinds <= {INT64, FLOAT64}:
+        return Field(path, f"TRY_CAST({raw} AS DOUBLE)", DOUBLE, kinds)
+    return Field(path, raw, RAW, kinds)
 
 
-def decode(
-    df: DataFrame,
-    protobuf: Mapping[str, ProtobufType] | None = None,
-    shape: sh.Shape | None = None,
-) -> DataFrame:
-    """Add ``event``, ``_hw_json_text``, ``_hw_novel`` (and ``_hw_error`` where decoding failed).
-    Without ``shape``, the batch's own is inferred (every event then fits it)."""
-    df = json_text(df, protobuf)
-    if shape is None:
-        shape = infer_shape(df)
-    return parse(df, shape)
+def novel(shape: Shape) -> str:
+    """Per event: it holds a key the shape does not know, or a value of a kind its leaf never
+    held, or a date-time leaf holds other text (over ``_hw_json`` and ``_hw_e``; only for
+    events that decoded)."""
+    if not shape.leaves:
+        return sql.TRUE
+    parsed = sql.ident(PARSED)
+    filled = [f"({sql.field(parsed, o)} IS NOT NULL)::INT" for o in shape.objects()]
+    checks = []
+    for path, leaf in shape.leaves.items():
+        at = sql.field(parsed, path)
+        filled.append(f"({at} IS NOT NULL)::INT")
+        raw = f"{at}::VARCHAR"
+        if leaf.is_timestamp:
+            iso = sql.lit(ISO_TIMESTAMP)
+            checks.append(f"({at} IS NOT NULL AND NOT regexp_full_match({at}, {iso}))")
+        if leaf.is_text:
+            continue
+        if JSON in leaf.kinds:  # the keys inside objects and arrays kept whole count too
+            filled.append(f"COALESCE({_inner_keys(raw)}, 0)")
+        known = kind_in(Field(path, raw, RAW, frozenset(KINDS)), leaf.kinds)
+        if known != sql.TRUE:
+            checks.append(f"NOT {known}")
+    return sql.any_of([_keys(_TEXT, " + ".join(filled)), *checks])
+
+
+_KEY = '":'
+_NULL_KEY = '":null'
+
+
+def _inner_keys(raw: str) -> str:
+    """Keys with a value inside an object or array's JSON text (as DuckDB writes it back:
+    compact, so every key is ``"name":``)."""
+    return f"({sql.count(raw, _KEY)} - {sql.count(raw, _NULL_KEY)})"
+
+
+def _keys(text: str, filled: str) -> str:
+    """The text holds more keys with a value than the parse filled. Counted on the text: every
+    ``"`` followed by ``:`` (with blanks between them only in unusual texts, then by a regular
+    expression), which counts keys with a null value too (subtracted only when the counts
+    differ) and a ``\\":`` inside a string (such texts take the slow path)."""
+    odd = f"regexp_matches({text}, '\"\\s')"
+    count = sql.case([(odd, f"len(regexp_extract_all({text}, '\"\\s*:'))")], sql.count(text, '":'))
+    nulls = f"len(regexp_extract_all({text}, '\"\\s*:\\s*null'))"
+    return (
+        f"(CASE WHEN {count} = ({filled}) THEN false WHEN contains({text}, '\\\"') THEN true "
+        f"ELSE {count} - {nulls} != ({filled}) END)"
+    )

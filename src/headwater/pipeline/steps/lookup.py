@@ -1,9 +1,10 @@
 """Lookups for step 3: IP address -> location from a MaxMind-format database, user agent ->
 browser, OS and device (the maintained ``ua-parser`` library).
 
-Both are Arrow UDFs that look up each *distinct* value of a batch once (events of one visitor
-share an IP, and a few user agents cover most traffic) and spread the results back with one
-vectorised ``take``. Each Python worker opens a database once, memory-mapped (the C reader of
+Both are DuckDB functions over Arrow (``hw_geo``, ``hw_user_agent``, registered on the task's
+connection by ``register``) that look up each *distinct* value of a vector once (events of one
+visitor share an IP, and a few user agents cover most traffic) and spread the results back with
+one vectorised ``take``. Each Python worker opens a database once, memory-mapped (the C reader of
 ``maxminddb`` when it is built, else its pure-Python one), and keeps an LRU cache of parsed user
 agents. Unknown, private or malformed input gives null, never an error.
 """
@@ -12,58 +13,59 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column
-from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, DataType, DoubleType, StringType, StructField, StructType
 
 Row = tuple[Any, ...]
+Spec = tuple[tuple[str, pa.DataType], ...]  # a result's fields: name, Arrow type
 
-_GEO_FIELDS: tuple[tuple[str, DataType, pa.DataType], ...] = (
-    ("country", StringType(), pa.string()),
-    ("country_name", StringType(), pa.string()),
-    ("region", StringType(), pa.string()),
-    ("city", StringType(), pa.string()),
-    ("latitude", DoubleType(), pa.float64()),
-    ("longitude", DoubleType(), pa.float64()),
-    ("timezone", StringType(), pa.string()),
+GEO: Spec = (
+    ("country", pa.string()),
+    ("country_name", pa.string()),
+    ("region", pa.string()),
+    ("city", pa.string()),
+    ("latitude", pa.float64()),
+    ("longitude", pa.float64()),
+    ("timezone", pa.string()),
 )
-_UA_FIELDS: tuple[tuple[str, DataType, pa.DataType], ...] = (
-    ("browser_family", StringType(), pa.string()),
-    ("browser_version", StringType(), pa.string()),
-    ("os_family", StringType(), pa.string()),
-    ("os_version", StringType(), pa.string()),
-    ("device_family", StringType(), pa.string()),
-    ("device_brand", StringType(), pa.string()),
-    ("device_model", StringType(), pa.string()),
-    ("bot", BooleanType(), pa.bool_()),
+USER_AGENT: Spec = (
+    ("browser_family", pa.string()),
+    ("browser_version", pa.string()),
+    ("os_family", pa.string()),
+    ("os_version", pa.string()),
+    ("device_family", pa.string()),
+    ("device_brand", pa.string()),
+    ("device_model", pa.string()),
+    ("bot", pa.bool_()),
 )
-GEO_SCHEMA = StructType([StructField(n, t) for n, t, _ in _GEO_FIELDS])
-UA_SCHEMA = StructType([StructField(n, t) for n, t, _ in _UA_FIELDS])
-GEO_FIELDS = tuple(n for n, _, _ in _GEO_FIELDS)
-UA_FIELDS = tuple(n for n, _, _ in _UA_FIELDS)
+GEO_FUNCTION = "hw_geo"
+USER_AGENT_FUNCTION = "hw_user_agent"
+_SQL_TYPES = {pa.string(): "VARCHAR", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN"}
 _BOT_DEVICES = frozenset({"Spider"})
 
 
+def sql_type(spec: Spec) -> str:
+    """The DuckDB type of a result: ``STRUCT(name TYPE, ...)``."""
+    return "STRUCT(" + ", ".join(f'"{n}" {_SQL_TYPES[t]}' for n, t in spec) + ")"
+
+
 def map_distinct(
-    values: pa.Array,
-    lookup: Callable[[Any], Row | None],
-    fields: Sequence[tuple[str, DataType, pa.DataType]],
+    values: pa.Array | pa.ChunkedArray, lookup: Callable[[Any], Row | None], fields: Spec
 ) -> pa.StructArray:
     """``lookup`` over the distinct values of ``values``, as a struct array of ``fields`` aligned
     with ``values`` (null where the value is null or ``lookup`` gives None)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
     encoded = pc.dictionary_encode(values)
     rows = [lookup(v) for v in encoded.dictionary.to_pylist()]
     arrays = [
         pa.array([r[i] if r is not None else None for r in rows], type=arrow_type)
-        for i, (_, _, arrow_type) in enumerate(fields)
+        for i, (_, arrow_type) in enumerate(fields)
     ]
-    names = [name for name, _, _ in fields]
+    names = [name for name, _ in fields]
     mask = pa.array([r is None for r in rows], type=pa.bool_())
     distinct = pa.StructArray.from_arrays(arrays, names=names, mask=mask)
     return distinct.take(encoded.indices)
@@ -135,18 +137,6 @@ def geo_of(reader: Any, ip: Any) -> Row | None:
     )
 
 
-def geo_lookup(col: Column, database: Path) -> Column:
-    """``col`` (an IP address string) -> ``GEO_SCHEMA`` struct, null when not found."""
-    path = str(database)
-
-    @F.arrow_udf(GEO_SCHEMA)  # type: ignore[call-overload]
-    def lookup(ips: pa.Array) -> pa.Array:
-        reader = _reader(path)
-        return map_distinct(ips, lambda ip: geo_of(reader, ip), _GEO_FIELDS)
-
-    return lookup(col)
-
-
 def _version(v: Any) -> str | None:
     parts = [p for p in (v.major, v.minor, v.patch) if p] if v else []
     return ".".join(parts) or None
@@ -179,11 +169,26 @@ def _agent_of(value: Any) -> Row | None:
     return parse_agent(value) if isinstance(value, str) else None
 
 
-def parse_user_agent(col: Column) -> Column:
-    """``col`` (a User-Agent string) -> ``UA_SCHEMA`` struct, null for a missing agent."""
-
-    @F.arrow_udf(UA_SCHEMA)  # type: ignore[call-overload]
-    def parse(agents: pa.Array) -> pa.Array:
-        return map_distinct(agents, _agent_of, _UA_FIELDS)
-
-    return parse(col)
+def register(con: Any, geoip_database: str | None) -> None:
+    """Make ``hw_user_agent(text)`` and, with a database, ``hw_geo(text)`` callable on the
+    DuckDB connection ``con``."""
+    con.create_function(
+        USER_AGENT_FUNCTION,
+        lambda agents: map_distinct(agents, _agent_of, USER_AGENT),
+        ["VARCHAR"],
+        sql_type(USER_AGENT),
+        type="arrow",
+        side_effects=False,
+        null_handling="special",
+    )
+    if geoip_database is not None:
+        path = geoip_database
+        con.create_function(
+            GEO_FUNCTION,
+            lambda ips: map_distinct(ips, lambda ip: geo_of(_reader(path), ip), GEO),
+            ["VARCHAR"],
+            sql_type(GEO),
+            type="arrow",
+            side_effects=False,
+            null_handling="special",
+        )

@@ -5,72 +5,86 @@ Besides the configured rules, events from JavaScript (browser SDKs: the ``segmen
 ``jitsu`` intakes with a browser's ``Mozilla/...`` user agent) get the seed's two implicit
 rules: ``/source_ip`` -> ``/eventn_ctx/location`` (when a geo database is configured) and
 ``/eventn_ctx/user_agent`` -> ``/eventn_ctx/parsed_ua``.
+
+Each rule is one call of a lookup function (``headwater.pipeline.steps.lookup``) per event,
+computed once in a column of its own (``Lookup``); its result's fields become the event's fields
+under the rule's ``dst`` where the lookup found something, and what was there stays where it
+found nothing.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+import pyarrow as pa
 
 from headwater.bus import context
-from headwater.pipeline.columns import EVENT, header, pointer_parts, with_event
+from headwater.errors import ConfigError
+from headwater.pipeline import sql
+from headwater.pipeline.columns import header, pointer_parts
 from headwater.pipeline.config import EnrichmentRule
-from headwater.pipeline.structs import get_path, set_path, type_at
+from headwater.pipeline.fields import BOOLEAN, DOUBLE, TEXT, Field, Fields, as_text, set_subtree
+from headwater.pipeline.shape import BOOL, FLOAT64, STRING
+from headwater.pipeline.steps import lookup
 
-LOOKED_UP = "_hw_lookup"
 IMPLICIT = (
     EnrichmentRule(name="ip_lookup", src="/source_ip", dst="/eventn_ctx/location"),
     EnrichmentRule(
         name="user_agent_parse", src="/eventn_ctx/user_agent", dst="/eventn_ctx/parsed_ua"
     ),
 )
+HEADERS = (context.PROTOCOL, context.USER_AGENT)
+_FORMS = {pa.string(): (TEXT, STRING), pa.float64(): (DOUBLE, FLOAT64), pa.bool_(): (BOOLEAN, BOOL)}
 
 
-def is_javascript() -> Column:
-    protocol = header(context.PROTOCOL)
-    agent = F.coalesce(header(context.USER_AGENT), F.lit(""))
-    return protocol.isin("segment", "jitsu") & agent.startswith("Mozilla/")
+@dataclass(frozen=True)
+class Lookup:
+    """One lookup call per event: ``column := function(argument)``."""
+
+    column: str
+    function: str
+    argument: str  # SQL over the fields as they are before this rule
 
 
-def apply_lookups(
-    df: DataFrame, rules: list[EnrichmentRule], geoip_database: Path | None
-) -> DataFrame:
-    """``event`` with every rule's result set (rules whose input is missing leave it as is)."""
-    js = is_javascript()
+def is_javascript() -> str:
+    protocol = sql.ident(header(context.PROTOCOL))
+    agent = sql.ident(header(context.USER_AGENT))
+    return (
+        f"({protocol} IN ('segment', 'jitsu') AND starts_with(COALESCE({agent}, ''), 'Mozilla/'))"
+    )
+
+
+def apply(
+    fields: Fields, rules: list[EnrichmentRule], geoip_database: Path | None
+) -> tuple[Fields, list[Lookup]]:
+    """``fields`` with every rule's result, and the lookup calls they read (in order: a rule
+    may read what an earlier one wrote)."""
+    calls: list[Lookup] = []
     for rule, implicit in [(r, False) for r in rules] + [(r, True) for r in IMPLICIT]:
         if rule.name == "ip_lookup" and geoip_database is None:
             if implicit:
                 continue
-            from headwater.errors import ConfigError
-
             raise ConfigError("an ip_lookup rule needs pipeline.geoip_database")
-        struct = df.schema[EVENT].dataType
-        assert isinstance(struct, StructType)
-        source = get_path(F.col(EVENT), struct, pointer_parts(rule.src))
+        source = fields.get(pointer_parts(rule.src))
         if source is None:  # no event of the shape has the input
             continue
+        argument = as_text(source)
         if implicit:
-            source = F.when(js, source)
-        df = df.withColumn(LOOKED_UP, _lookup(rule, source.cast("string"), geoip_database))
-        result = F.col(LOOKED_UP)
-        event = F.col(EVENT)
+            argument = f"CASE WHEN {is_javascript()} THEN {argument} END"
+        geo = rule.name == "ip_lookup"
+        call = Lookup(
+            f"_hw_l{len(calls)}",
+            lookup.GEO_FUNCTION if geo else lookup.USER_AGENT_FUNCTION,
+            argument,
+        )
+        calls.append(call)
+        column = sql.ident(call.column)
         dst = pointer_parts(rule.dst)
-        previous = get_path(event, struct, dst)
-        result_type = df.schema[LOOKED_UP].dataType
-        # where the lookup finds nothing, what was there stays (when it is the same kind)
-        same = previous is not None and type_at(struct, dst) == result_type
-        value = F.coalesce(result, previous) if same and previous is not None else result
-        df = with_event(df, set_path(event, struct, dst, value))
-    return df.drop(LOOKED_UP)
-
-
-def _lookup(rule: EnrichmentRule, source: Column, geoip_database: Path | None) -> Column:
-    from headwater.pipeline.steps import lookup
-
-    if rule.name == "ip_lookup":
-        assert geoip_database is not None
-        return lookup.geo_lookup(source, geoip_database)
-    return lookup.parse_user_agent(source)
+        result: Fields = {}
+        for name, arrow_type in lookup.GEO if geo else lookup.USER_AGENT:
+            form, kind = _FORMS[arrow_type]
+            path = (*dst, name)
+            result[(name,)] = Field(path, f"{column}.{sql.ident(name)}", form, frozenset({kind}))
+        fields = set_subtree(fields, dst, result, f"({column} IS NOT NULL)")
+    return fields, calls

@@ -16,62 +16,73 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
-
-from headwater.pipeline.columns import EVENT, pointer_parts, with_event
+from headwater.pipeline import sql
+from headwater.pipeline.columns import pointer_parts
 from headwater.pipeline.config import MappingConfig
-from headwater.pipeline.structs import drop_path, get_path, set_path, type_at
+from headwater.pipeline.fields import (
+    BIGINT,
+    BOOLEAN,
+    DOUBLE,
+    RAW,
+    TEXT,
+    Field,
+    Fields,
+    any_present,
+    set_subtree,
+    subtree,
+    under,
+)
+from headwater.pipeline.shape import BOOL, FLOAT64, INT64, JSON, STRING
 
 Path = tuple[str, ...]
-MOVED = "_hw_moved"
 
 
-def apply_mapping(df: DataFrame, mapping: MappingConfig) -> DataFrame:
-    """``event`` with the rules applied (rows without an event pass through)."""
-    if not mapping.fields and mapping.keep_unmapped:
-        return df
+def apply(fields: Fields, mapping: MappingConfig) -> Fields:
+    """``fields`` with the rules applied, in order."""
     for rule in mapping.fields:
-        struct = _struct(df)
-        event = F.col(EVENT)
         if rule.action == "move":
             src, dst = _path(rule.src), _path(rule.dst)
-            value = get_path(event, struct, src)
-            if value is None:
+            moving = subtree(fields, src)
+            if not moving:
                 continue
-            previous = get_path(event, struct, dst)
-            if previous is not None and type_at(struct, dst) == type_at(struct, src):
-                value = F.coalesce(value, previous)  # a null src leaves dst as it was
-            # the value is taken aside before its field is dropped, then set where it goes
-            df = df.withColumn(MOVED, value)
-            df = with_event(df, drop_path(event, struct, src))
-            df = with_event(df, set_path(F.col(EVENT), _struct(df), dst, F.col(MOVED)))
-            df = df.drop(MOVED)
+            # where the source has a value, it replaces the destination; elsewhere the
+            # destination stays as it was
+            present = any_present(moving)
+            rest = {p: f for p, f in fields.items() if not under(p, src)}
+            fields = set_subtree(rest, dst, moving, present)
         elif rule.action == "remove":
-            df = with_event(df, drop_path(event, struct, _path(rule.src)))
+            src = _path(rule.src)
+            fields = {p: f for p, f in fields.items() if not under(p, src)}
         elif rule.action == "constant":
-            df = with_event(df, set_path(event, struct, _path(rule.dst), constant(rule.value)))
+            dst = _path(rule.dst)
+            fields = set_subtree(fields, dst, constant(rule.value, dst), None)
     if not mapping.keep_unmapped:
-        df = _keep_only(df, kept_paths(mapping))
-    return df
+        kept = kept_paths(mapping)
+        fields = {p: f for p, f in fields.items() if any(under(p, k) for k in kept)}
+    return fields
 
 
-def constant(value: Any) -> Column:
-    """A rule's JSON value as a Spark value: scalars as themselves, objects as structs, arrays
-    as their JSON text."""
-    if isinstance(value, dict):
-        text = F.lit(json.dumps(value))
-        return F.from_json(text, F.schema_of_json(text))
-    if isinstance(value, list):
-        return F.lit(json.dumps(value))
-    return F.lit(value)
-
-
-def _struct(df: DataFrame) -> StructType:
-    struct = df.schema[EVENT].dataType
-    assert isinstance(struct, StructType)
-    return struct
+def constant(value: Any, at: Path) -> Fields:
+    """A rule's JSON value as fields keyed by their path below ``at``: objects opened, arrays
+    kept whole as JSON text, null as nothing."""
+    if isinstance(value, dict) and value:
+        out: Fields = {}
+        for key, inner in value.items():
+            for rest, f in constant(inner, (*at, key)).items():
+                out[(key, *rest)] = f
+        return out
+    if value is None:
+        return {}
+    if isinstance(value, dict | list):
+        text = sql.lit(json.dumps(value))
+        return {(): Field(at, text, RAW, frozenset({JSON}))}
+    if isinstance(value, bool):
+        return {(): Field(at, sql.lit(value), BOOLEAN, frozenset({BOOL}))}
+    if isinstance(value, int):
+        return {(): Field(at, sql.lit(value), BIGINT, frozenset({INT64}))}
+    if isinstance(value, float):
+        return {(): Field(at, sql.lit(value), DOUBLE, frozenset({FLOAT64}))}
+    return {(): Field(at, sql.lit(str(value)), TEXT, frozenset({STRING}))}
 
 
 def kept_paths(mapping: MappingConfig) -> list[Path]:
@@ -98,44 +109,9 @@ def explicit_types(mapping: MappingConfig) -> dict[Path, str]:
     return out
 
 
-def _keep_only(df: DataFrame, paths: list[Path]) -> DataFrame:
-    """``event`` reduced to ``paths`` (paths no event has are left out)."""
-    struct = _struct(df)
-    tree: dict[str, Any] = {}
-    for path in paths:
-        if type_at(struct, path) is None:
-            continue
-        node = tree
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                break
-        else:
-            node[path[-1]] = path
-    if not tree:
-        return df.withColumn(EVENT, F.lit(None).cast("struct<`_hw_none`:string>"))
-    return with_event(df, _build(F.col(EVENT), struct, tree))
-
-
-def _build(event: Column, struct: StructType, tree: dict[str, Any]) -> Column:
-    fields = []
-    for name, node in tree.items():
-        if isinstance(node, dict):
-            fields.append(_build(event, struct, node).alias(name))
-        else:
-            value = get_path(event, struct, node)
-            assert value is not None
-            fields.append(value.alias(name))
-    return F.struct(*fields)
-
-
 def _path(pointer: str | None) -> Path:
     assert pointer is not None  # the config model requires it for this action
     return pointer_parts(pointer)
-
-
-def _under(path: Path, prefix: Path) -> bool:
-    return path[: len(prefix)] == prefix
 
 
 def trace(mapping: MappingConfig, paths: list[Path]) -> dict[Path, Path]:
@@ -145,16 +121,16 @@ def trace(mapping: MappingConfig, paths: list[Path]) -> dict[Path, Path]:
     for rule in mapping.fields:
         if rule.action == "move":
             src, dst = _path(rule.src), _path(rule.dst)
-            moving = {p: o for p, o in now.items() if _under(p, src)}
+            moving = {p: o for p, o in now.items() if under(p, src)}
             if not moving:
                 continue
-            now = {p: o for p, o in now.items() if not _under(p, src) and not _under(p, dst)}
+            now = {p: o for p, o in now.items() if not under(p, src) and not under(p, dst)}
             now.update({(*dst, *p[len(src) :]): o for p, o in moving.items()})
         elif rule.action == "remove":
-            now = {p: o for p, o in now.items() if not _under(p, _path(rule.src))}
+            now = {p: o for p, o in now.items() if not under(p, _path(rule.src))}
         elif rule.action == "constant":
-            now = {p: o for p, o in now.items() if not _under(p, _path(rule.dst))}
+            now = {p: o for p, o in now.items() if not under(p, _path(rule.dst))}
     if not mapping.keep_unmapped:
         kept = kept_paths(mapping)
-        now = {p: o for p, o in now.items() if any(_under(p, k) for k in kept)}
+        now = {p: o for p, o in now.items() if any(under(p, k) for k in kept)}
     return now

@@ -1,15 +1,16 @@
 """Protobuf payloads for step 1 (decode): the value bytes of an event type with a registered
 message type (``pipeline.protobuf``) become the message's canonical JSON.
 
-Spark's ``from_protobuf`` needs the spark-protobuf jar, which headwater cannot assume on the
-classpath, so this is an Arrow UDF over ``google.protobuf``. The driver reads and checks each
-descriptor set once (a bad file or an unknown message is a configuration error, reported before
-any event is read) and ships its bytes inside the UDF, so workers need no access to the files;
-each worker builds a message class once per (descriptor set, message) and keeps it.
+The driver reads and checks each descriptor set once (a bad file or an unknown message is a
+configuration error, reported before any event is read) and ships its bytes in the batch's
+program, so workers need no access to the files; each worker builds a message class once per
+(descriptor set, message) and keeps it. The task decodes the registered types' values with
+``google.protobuf`` (``decode_values``) before its query runs; the query takes their JSON.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections.abc import Mapping
@@ -17,19 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql import Column
-from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
 
 from headwater.errors import ConfigError
 
 if TYPE_CHECKING:
     from headwater.pipeline.config import ProtobufType
 
-PROTOBUF_SCHEMA = StructType(
-    [StructField("json", StringType()), StructField("error", StringType())]
-)
-_ARROW_TYPE = pa.struct([("json", pa.string()), ("error", pa.string())])
 # Files protoc leaves out of a descriptor set unless told --include_imports.
 _WELL_KNOWN = (
     "any_pb2",
@@ -56,6 +50,17 @@ class MessageType:
     digest: str
     descriptor_set: bytes
     message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "digest": self.digest,
+            "descriptor_set": base64.b64encode(self.descriptor_set).decode("ascii"),
+            "message": self.message,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, str]) -> MessageType:
+        return cls(data["digest"], base64.b64decode(data["descriptor_set"]), data["message"])
 
 
 def load_types(types: Mapping[str, ProtobufType]) -> dict[str, MessageType]:
@@ -148,25 +153,26 @@ def to_json(kind: MessageType, value: bytes | None) -> tuple[str | None, str | N
     return json.dumps(as_dict, ensure_ascii=False, separators=(",", ":")), None
 
 
-def protobuf_to_json(
-    value_col: Column, type_col: Column, types: Mapping[str, ProtobufType]
-) -> Column:
-    """``struct<json, error>`` for rows whose ``type_col`` has a registered message type (one of
-    the two is set), null for every other row."""
-    kinds = load_types(types)
-    if not kinds:
-        return F.lit(None).cast(PROTOBUF_SCHEMA)
+def decode_values(
+    values: pa.Array, event_types: pa.Array, kinds: Mapping[str, MessageType]
+) -> tuple[pa.Array, pa.Array]:
+    """``(json, error)`` text arrays aligned with ``values``: for rows whose event type has a
+    registered message type one of the two is set, both are null for every other row (only
+    the registered rows are touched in Python)."""
+    import numpy as np
+    import pyarrow.compute as pc
 
-    @F.arrow_udf(PROTOBUF_SCHEMA)  # type: ignore[call-overload]
-    def decode(values: pa.Array, event_types: pa.Array) -> pa.Array:
-        out: list[dict[str, str | None] | None] = []
-        for value, event_type in zip(values.to_pylist(), event_types.to_pylist(), strict=True):
-            kind = kinds.get(event_type) if event_type is not None else None
-            if kind is None:
-                out.append(None)
-            else:
-                text, error = to_json(kind, value)
-                out.append({"json": text, "error": error})
-        return pa.array(out, type=_ARROW_TYPE)
-
-    return decode(value_col, type_col)
+    n = len(values)
+    registered = pc.fill_null(pc.is_in(event_types, value_set=pa.array(list(kinds))), False)
+    rows = np.flatnonzero(registered.to_numpy(zero_copy_only=False))
+    texts: list[str | None] = [None] * n
+    errors: list[str | None] = [None] * n
+    picked = pa.array(rows, pa.int64())
+    for i, value, event_type in zip(
+        rows.tolist(),
+        values.take(picked).to_pylist(),
+        event_types.take(picked).to_pylist(),
+        strict=True,
+    ):
+        texts[i], errors[i] = to_json(kinds[event_type], value)
+    return pa.array(texts, pa.string()), pa.array(errors, pa.string())

@@ -1,4 +1,4 @@
-"""The table name template: text with ``{{ ... }}`` substitutions, compiled to a Spark Column.
+"""The table name template: text with ``{{ ... }}`` substitutions, compiled to SQL.
 
 Grammar (small on purpose: no code runs, every template compiles to one expression)::
 
@@ -19,22 +19,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pyspark.sql import Column
-from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    ArrayType,
-    DataType,
-    MapType,
-    StructType,
-    TimestampType,
-    VariantType,
-)
-
 from headwater.bus import context
 from headwater.errors import ConfigError
-from headwater.pipeline.columns import EVENT, header, pointer_parts
-from headwater.pipeline.shape import JSON, variant_kind
-from headwater.pipeline.structs import get_path, type_at
+from headwater.pipeline import sql
+from headwater.pipeline.columns import header, pointer_parts
+from headwater.pipeline.fields import RAW, Fields, any_present, as_text, subtree, timestamp_of
+from headwater.pipeline.shape import JSON
+from headwater.pipeline.steps.context import received_at
 
 _SUBST = re.compile(r"\{\{(.*?)\}\}", re.S)
 _FIELD = re.compile(r"^/?[A-Za-z0-9_$@\-]+([./][A-Za-z0-9_$@\-]+)*$")
@@ -49,29 +40,35 @@ class TemplateError(ConfigError):
 
 @dataclass(frozen=True)
 class CompiledTemplate:
-    name: Column  # the table name ("" to skip), null where evaluation failed
-    error: Column  # why evaluation failed, else null
+    name: str  # SQL: the table name ("" to skip), NULL where evaluation failed
+    error: str  # SQL: why evaluation failed, else NULL
+    headers: tuple[str, ...]  # the record headers it reads
 
 
-def compile_template(template: str, struct: DataType | None = None) -> CompiledTemplate:
-    """Compile ``template`` for events of type ``struct`` (None: check the template only);
+def compile_template(template: str, fields: Fields | None = None) -> CompiledTemplate:
+    """Compile ``template`` for events of ``fields`` (None: check the template only);
     ``TemplateError`` names what is wrong in it."""
-    parts: list[Column] = []
-    errors: list[Column] = []
+    parts: list[str] = []
+    errors: list[str] = []
+    headers: list[str] = []
     pos = 0
     for m in _SUBST.finditer(template):
         if m.start() > pos:
-            parts.append(F.lit(_literal(template[pos : m.start()], template)))
-        value, error = _expr(m.group(1).strip(), template, struct)
+            parts.append(sql.lit(_literal(template[pos : m.start()], template)))
+        value, error = _expr(m.group(1).strip(), template, fields or {}, headers)
         parts.append(value)
         if error is not None:
             errors.append(error)
         pos = m.end()
     if pos < len(template):
-        parts.append(F.lit(_literal(template[pos:], template)))
-    name = F.concat(*parts) if parts else F.lit("")
-    error = F.coalesce(*errors) if errors else F.lit(None).cast("string")
-    return CompiledTemplate(name=F.when(error.isNull(), name), error=error)
+        parts.append(sql.lit(_literal(template[pos:], template)))
+    name = "(" + " || ".join(parts) + ")" if parts else "''"
+    error = (
+        errors[0] if len(errors) == 1 else f"COALESCE({', '.join(errors)})" if errors else sql.NULL
+    )
+    if error != sql.NULL:
+        name = f"CASE WHEN {error} IS NULL THEN {name} END"
+    return CompiledTemplate(name, error, tuple(dict.fromkeys(headers)))
 
 
 def _literal(text: str, template: str) -> str:
@@ -80,21 +77,27 @@ def _literal(text: str, template: str) -> str:
     return text
 
 
-def _expr(expr: str, template: str, struct: DataType | None) -> tuple[Column, Column | None]:
+def _expr(expr: str, template: str, fields: Fields, headers: list[str]) -> tuple[str, str | None]:
     pieces = [p.strip() for p in expr.split("|")]
     source, filters = pieces[0], pieces[1:]
     if not source:
         raise TemplateError(f"table_name_template {template!r}: an empty {{{{ }}}}")
-    error: Column | None = None
+    error: str | None = None
     if source.startswith("$"):
-        value = _variable(source, template)
+        value = _variable(source, template, headers)
     elif _FIELD.match(source):
         path = pointer_parts(source) if "/" in source else tuple(source.split("."))
-        value, not_scalar = _field(path, struct)
+        value, not_scalar = _field(path, fields)
         dotted = ".".join(path)
-        error = F.when(
-            not_scalar, F.lit(f"table_name_template: field {dotted} is not a text or number")
-        ).when(value.isNull(), F.lit(f"table_name_template: field {dotted} is missing"))
+        error = sql.case(
+            [
+                (
+                    not_scalar,
+                    sql.lit(f"table_name_template: field {dotted} is not a text or number"),
+                ),
+                (f"{value} IS NULL", sql.lit(f"table_name_template: field {dotted} is missing")),
+            ]
+        )
     else:
         raise TemplateError(
             f"table_name_template {template!r}: {source!r} is neither a field path (a.b, /a/b) "
@@ -104,16 +107,16 @@ def _expr(expr: str, template: str, struct: DataType | None) -> tuple[Column, Co
         m = _DEFAULT.match(f)
         if m is not None:
             fallback = m.group(1) if m.group(1) is not None else m.group(2)
-            value = F.coalesce(value, F.lit(fallback))
+            value = f"COALESCE({value}, {sql.lit(fallback)})"
             error = None
         elif f == "lower":
-            value = F.lower(value)
+            value = f"lower({value})"
         elif f == "upper":
-            value = F.upper(value)
+            value = f"upper({value})"
         elif f == "slug":
-            value = F.regexp_replace(value, r"[^0-9A-Za-z_]+", "_")
+            value = f"regexp_replace({value}, '[^0-9A-Za-z_]+', '_', 'g')"
         elif f == "date":
-            value = F.date_format(F.try_to_timestamp(value), "yyyy_MM_dd")
+            value = f"strftime({timestamp_of(value)}, '%Y_%m_%d')"
         else:
             raise TemplateError(
                 f"table_name_template {template!r}: unknown filter {f!r} "
@@ -122,32 +125,33 @@ def _expr(expr: str, template: str, struct: DataType | None) -> tuple[Column, Co
     return value, error
 
 
-def _field(path: tuple[str, ...], struct: DataType | None) -> tuple[Column, Column]:
+def _field(path: tuple[str, ...], fields: Fields) -> tuple[str, str]:
     """The field's value as text, and whether it holds an object or array (per row)."""
-    kind = type_at(struct, path) if struct is not None else None
-    got = get_path(F.col(EVENT), struct, path) if struct is not None else None
-    if got is None or kind is None:
-        return F.lit(None).cast("string"), F.lit(False)
-    if isinstance(kind, StructType | ArrayType | MapType):
-        return F.lit(None).cast("string"), got.isNotNull()
-    if isinstance(kind, VariantType):
-        k = variant_kind(got)
-        return F.when(k != JSON, F.try_variant_get(got, "$", "string")), k == JSON
-    if isinstance(kind, TimestampType):
-        return F.date_format(got, "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"), F.lit(False)
-    return got.cast("string"), F.lit(False)
+    leaf = fields.get(path)
+    if leaf is not None:
+        if leaf.form == RAW and JSON in leaf.kinds:
+            is_json = f"(ascii({leaf.sql}) IN (123, 91))"
+            return (
+                f"CASE WHEN NOT {is_json} THEN {as_text(leaf)} END",
+                f"COALESCE({is_json}, false)",
+            )
+        return as_text(leaf), sql.FALSE
+    below = subtree(fields, path)
+    if below:
+        return sql.NULL, any_present(below)
+    return "NULL::VARCHAR", sql.FALSE
 
 
-def _variable(name: str, template: str) -> Column:
+def _variable(name: str, template: str, headers: list[str]) -> str:
     if name == "$topic":
-        return F.col("topic")
-    if name == "$type":
-        return header(context.TYPE)
-    if name == "$source":
-        return header(context.SOURCE)
+        return '"topic"'
+    if name in ("$type", "$source"):
+        wanted = context.TYPE if name == "$type" else context.SOURCE
+        headers.append(wanted)
+        return sql.ident(header(wanted))
     if name == "$date":
-        received = F.coalesce(F.try_to_timestamp(header(context.RECEIVED_AT)), F.col("timestamp"))
-        return F.date_format(received, "yyyy_MM_dd")
+        headers.append(context.RECEIVED_AT)
+        return f"strftime({received_at()}, '%Y_%m_%d')"
     raise TemplateError(
         f"table_name_template {template!r}: unknown variable {name!r} "
         f"(one of: {', '.join(VARIABLES)})"

@@ -1,13 +1,12 @@
-"""Step 7, typing: the columns a batch writes into one table, and the SQL types they need.
-
-``plan_columns`` decides (pure Python); ``project`` turns the decision into a DataFrame whose
-columns have the decided names and Spark types, ready to hand to the destination as Arrow.
+"""Steps 6 and 7, flattening and typing: the columns a batch writes into one table, the SQL
+types they need, and the expression that gives each column's value.
 
 Names: a field's path joined with ``_`` (``user.address.city`` -> ``user_address_city``), then
 normalised by the destination's dialect. Two fields whose names normalise alike share the
-column (the first non-null value wins; the type is their common ancestor).
+column (the first non-null value wins; the type is their common ancestor). Arrays, and fields
+that held objects and values, are stored as their JSON text.
 
-Types against the table as it is:
+Types against the table as it is (``plan_columns``, pure Python):
 
 - a column the table lacks gets the batch's type (or the explicit type of a mapping rule);
 - a column whose type holds the batch's type (``fits``: BOOL into INT64, INT64 into FLOAT64,
@@ -25,26 +24,37 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import reduce
-
-from pyspark.sql import Column as SparkColumn
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from headwater.destinations.base import Column, TableSchema
 from headwater.destinations.dialect import Dialect
 from headwater.destinations.types import ColumnType, fits, promote
-from headwater.pipeline.columns import EVENT
-from headwater.pipeline.shape import BOOL, FLOAT64, INT64, JSON, STRING, variant_kind
-from headwater.pipeline.steps.flatten import ISO_TIMESTAMP, Field
-from headwater.pipeline.structs import Path, field_at
+from headwater.pipeline import sql
+from headwater.pipeline.fields import (
+    BIGINT,
+    BOOLEAN,
+    DOUBLE,
+    RAW,
+    TEXT,
+    TIMESTAMP,
+    Field,
+    as_text,
+    kind_in,
+    timestamp_of,
+)
+from headwater.pipeline.shape import BOOL, FLOAT64, INT64, ISO_TIMESTAMP, STRING, Path
 
-SPARK_TYPES = {
-    ColumnType.BOOL: "boolean",
-    ColumnType.INT64: "bigint",
-    ColumnType.FLOAT64: "double",
-    ColumnType.TIMESTAMP: "timestamp",
-    ColumnType.STRING: "string",
+SQL_TYPES = {
+    ColumnType.BOOL: "BOOLEAN",
+    ColumnType.INT64: "BIGINT",
+    ColumnType.FLOAT64: "DOUBLE",
+    ColumnType.TIMESTAMP: "TIMESTAMPTZ",
+    ColumnType.STRING: "VARCHAR",
+}
+_FORM_TYPES = {BOOLEAN: ColumnType.BOOL, BIGINT: ColumnType.INT64, DOUBLE: ColumnType.FLOAT64}
+_KINDS_FITTING: dict[ColumnType, tuple[str, ...]] = {
+    ColumnType.BOOL: (BOOL,),
+    ColumnType.INT64: (BOOL, INT64),
+    ColumnType.FLOAT64: (BOOL, INT64, FLOAT64),
 }
 
 
@@ -56,6 +66,10 @@ class ColumnPlan:
     reject: ColumnType | None = None  # only values whose own type does NOT fit this
 
 
+def column_name(path: Path, dialect: Dialect) -> str:
+    return dialect.normalize("_".join(path))
+
+
 def plan_columns(
     fields: list[Field],
     dialect: Dialect,
@@ -65,17 +79,17 @@ def plan_columns(
     explicit = explicit or {}
     by_name: dict[str, list[Field]] = {}
     for f in fields:
-        by_name.setdefault(dialect.normalize("_".join(f.path)), []).append(f)
+        by_name.setdefault(column_name(f.path, dialect), []).append(f)
     plans: list[ColumnPlan] = []
     for name, group in by_name.items():
         batch_type = group[0].type
         for f in group[1:]:
             batch_type = promote(batch_type, f.type)
-        sql = next((explicit[f.path] for f in group if f.path in explicit), None)
+        sql_type = next((explicit[f.path] for f in group if f.path in explicit), None)
         have = existing.columns.get(name) if existing is not None else None
-        if sql is not None:
-            wanted = dialect.column_type(sql) or batch_type
-            plans.append(ColumnPlan(Column(name, wanted, sql), tuple(group)))
+        if sql_type is not None:
+            wanted = dialect.column_type(sql_type) or batch_type
+            plans.append(ColumnPlan(Column(name, wanted, sql_type), tuple(group)))
         elif have is None:
             plans.append(ColumnPlan(Column(name, batch_type), tuple(group)))
         elif have.sql_type is not None and dialect.column_type(have.sql_type) is None:
@@ -95,81 +109,66 @@ def target_schema(
     return TableSchema(table, {p.column.name: p.column for p in plans}, primary_key)
 
 
-def project(df: DataFrame, plans: list[ColumnPlan], keep: tuple[str, ...] = ()) -> DataFrame:
-    """One column per plan (named and typed as planned), plus the columns ``keep``."""
-    return df.select(*[F.col(c) for c in keep], *columns(plans))
+def column_value(plan: ColumnPlan) -> str:
+    """The column's value per row (SQL, of the column's type)."""
+    target = plan.column.type
+    values = [value_as(f, target) for f in plan.fields]
+    value = values[0] if len(values) == 1 else f"COALESCE({', '.join(values)})"
+    if plan.accept is not None:
+        value = f"CASE WHEN {own_fits(plan.fields, plan.accept)} THEN {value} END"
+    elif plan.reject is not None:
+        value = f"CASE WHEN NOT {own_fits(plan.fields, plan.reject)} THEN {value} END"
+    return f"({value})::{SQL_TYPES[target]}"
 
 
-def columns(plans: list[ColumnPlan], event: SparkColumn | None = None) -> list[SparkColumn]:
-    """The planned columns as expressions over the event struct (``event``, by default the
-    column ``event``)."""
-    return [value.alias(name) for name, value in column_values(plans, event)]
+def value_as(f: Field, target: ColumnType) -> str:
+    """The field's value converted to ``target`` (for values whose own type fits it)."""
+    if target is ColumnType.STRING:
+        return as_text(f)
+    if f.form == RAW:
+        return _raw_as(f, target)
+    if target is ColumnType.TIMESTAMP:
+        return f.sql if f.form == TIMESTAMP else timestamp_of(as_text(f))
+    own = _FORM_TYPES.get(f.form)
+    if own is target:
+        return f.sql
+    if own is not None and fits(own, target):
+        return f"{f.sql}::{SQL_TYPES[target]}"
+    return f"TRY_CAST({as_text(f)} AS {SQL_TYPES[target]})"  # an explicit type asked for it
 
 
-def column_values(
-    plans: list[ColumnPlan], event: SparkColumn | None = None
-) -> list[tuple[str, SparkColumn]]:
-    """(column name, value expression) per plan, over the event struct."""
-    event = F.col(EVENT) if event is None else event
-    out = []
-    for plan in plans:
-        values = [_value(event, f, plan.column.type) for f in plan.fields]
-        value = values[0] if len(values) == 1 else F.coalesce(*values)
-        if plan.accept is not None or plan.reject is not None:
-            own = _own_fits(event, plan.fields, plan.accept or plan.reject)  # type: ignore[arg-type]
-            keep_it = own if plan.accept is not None else ~own
-            value = F.when(keep_it, value)
-        out.append((plan.column.name, value.cast(SPARK_TYPES[plan.column.type])))
-    return out
+def _raw_as(f: Field, target: ColumnType) -> str:
+    x = f.sql
+    if target is ColumnType.TIMESTAMP:
+        return f"CASE WHEN ascii({x}) = 34 THEN {timestamp_of(as_text(f))} END"
+    branches = [(f"ascii({x}) IN (116, 102)", f"({x} = 'true')::{SQL_TYPES[target]}")]
+    if target is ColumnType.INT64:
+        branches.append((kind_in(f, {INT64}), f"TRY_CAST({x} AS BIGINT)"))
+    elif target is ColumnType.FLOAT64:
+        branches.append((kind_in(f, {INT64, FLOAT64}), f"TRY_CAST({x} AS DOUBLE)"))
+    return sql.case(branches)
 
 
-def _leaf(event: SparkColumn, f: Field) -> SparkColumn:
-    return field_at(event, f.path)
-
-
-def _value(event: SparkColumn, f: Field, as_type: ColumnType) -> SparkColumn:
-    """The field's value converted to ``as_type`` (which holds the field's type)."""
-    leaf = _leaf(event, f)
-    if f.kinds:  # a VARIANT leaf
-        if as_type is ColumnType.STRING:
-            return F.when(variant_kind(leaf) == JSON, F.to_json(leaf)).otherwise(
-                F.try_variant_get(leaf, "$", "string")
-            )
-        return F.try_variant_get(leaf, "$", SPARK_TYPES[as_type])
-    if as_type is ColumnType.STRING and f.type is ColumnType.TIMESTAMP:
-        return F.date_format(leaf, "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX")
-    if f.json_text and as_type is ColumnType.STRING:
-        return F.to_json(leaf)
-    return leaf
-
-
-_KINDS_FITTING: dict[ColumnType, tuple[str, ...]] = {
-    ColumnType.BOOL: (BOOL,),
-    ColumnType.INT64: (BOOL, INT64),
-    ColumnType.FLOAT64: (BOOL, INT64, FLOAT64),
-}
-
-
-def _own_fits(
-    event: SparkColumn, fields: tuple[Field, ...], column_type: ColumnType
-) -> SparkColumn:
-    """Per row: the value's own type fits ``column_type`` (null values fit anything)."""
+def own_fits(fields: tuple[Field, ...], column_type: ColumnType) -> str:
+    """Per row: every field's value fits ``column_type`` by its own type (null fits all)."""
     if column_type is ColumnType.STRING:
-        return F.lit(True)
+        return sql.TRUE
     tests = []
     for f in fields:
-        leaf = _leaf(event, f)
-        if not f.kinds and f.type is ColumnType.STRING and column_type is ColumnType.TIMESTAMP:
-            tests.append(leaf.isNull() | leaf.rlike(ISO_TIMESTAMP))  # date-time text fits
-            continue
-        if not f.kinds:  # one kind for every value: decided here
-            tests.append(F.lit(fits(f.type, column_type)))
-            continue
-        kind = variant_kind(leaf)
-        if column_type is ColumnType.TIMESTAMP:
-            text = F.try_variant_get(leaf, "$", "string")
-            ok = kind.isNull() | ((kind == STRING) & text.rlike(ISO_TIMESTAMP))
+        if column_type is ColumnType.TIMESTAMP and f.form in (TEXT, RAW):
+            text = as_text(f)
+            iso = f"regexp_full_match({text}, {sql.lit(ISO_TIMESTAMP)})"
+            string = kind_in(f, {STRING})
+            tests.append(f"({f.sql} IS NULL OR ({string} AND {iso}))")
         else:
-            ok = kind.isNull() | kind.isin(*_KINDS_FITTING[column_type])
-        tests.append(ok)
-    return reduce(lambda a, b: a & b, tests)
+            fitting = (
+                {STRING}
+                if column_type is ColumnType.STRING
+                else _KINDS_FITTING.get(column_type, ())
+            )
+            tests.append(kind_in(f, set(fitting)) if f.form == RAW else _fits_form(f, column_type))
+    return sql.all_of(t for t in tests if t != sql.TRUE)
+
+
+def _fits_form(f: Field, column_type: ColumnType) -> str:
+    return sql.TRUE if fits(f.type, column_type) else f"({f.sql} IS NULL)"

@@ -1,0 +1,42 @@
+"""A micro-batch's program: what the driver plans (``headwater.pipeline.plan``) and every Spark
+task runs (``headwater.pipeline.task``), as plain data that travels as JSON in the sink's
+options.
+
+- ``sql``: the steps as one DuckDB query over the task's input relation (``columns.INPUT``);
+  ``guarded_sql`` the same query checking every event's JSON first (run on a chunk where the
+  usual one met malformed JSON);
+- ``learn_sql``: over novel rows only, per routed table, which planned fields had a value
+  (``learn_fields``, in order);
+- ``headers``: the record headers the query reads; ``functions``: the lookup functions it calls;
+  ``protobuf``: event type -> message type, decoded before the query;
+- ``tables``: per target table, its ``[column, output column]`` pairs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+LEARN_ROUTED = "routed"
+
+
+@dataclass(frozen=True)
+class Program:
+    sql: str
+    guarded_sql: str
+    learn_sql: str
+    learn_fields: list[list[str]]
+    headers: list[str]
+    functions: list[str] = field(default_factory=list)
+    geoip_database: str | None = None
+    protobuf: dict[str, dict[str, str]] = field(default_factory=dict)
+    tables: dict[str, list[list[str]]] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Program:
+        data: dict[str, Any] = json.loads(text)
+        return cls(**data)
