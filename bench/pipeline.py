@@ -77,7 +77,7 @@ REPO = Path(__file__).resolve().parent.parent
 ID_COLUMN = "eventn_ctx_event_id"  # the collector's event id header, as the pipeline lands it
 # new rows since the last poll (rows are only appended, so rowids grow; a rowid filter is cheap)
 POLL_SQL = f"select rowid, {ID_COLUMN} from events where rowid > ?"
-WARMUP_EVENTS = 2_000
+WARMUP_EVENTS = 100_000
 PAGES = ["/", "/pricing", "/docs", "/blog/launch", "/signup", "/checkout", "/account"]
 EVENTS = ["Page Viewed", "Product Clicked", "Added To Cart", "Checkout Started", "Signed Up"]
 BROWSERS = [

@@ -170,7 +170,12 @@ class SinkWriter(_Writer):  # type: ignore[misc,valid-type]
             failure=opts.failure,
         )
         try:
-            for batch in iterator:
+            batches = iter(iterator)
+            while True:
+                with run.summary.phase("read"):  # waiting for Spark: the source, the JVM
+                    batch = next(batches, None)
+                if batch is None:
+                    break
                 run.add(batch)
             summary = run.finish()
         except BaseException:

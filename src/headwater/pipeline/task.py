@@ -19,7 +19,9 @@ No row is turned into Python objects except novel and failed ones.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +69,15 @@ class Summary:
     novel_failed: int = 0
     leaves: dict[str, dict[sh.Path, sh.Leaf]] = field(default_factory=dict)  # routed -> leaves
     seen: dict[str, set[sh.Path]] = field(default_factory=dict)  # routed -> fields with values
+    seconds: dict[str, float] = field(default_factory=dict)  # task time per phase, summed
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
 
     def merge(self, other: Summary) -> None:
         self.rows += other.rows
@@ -82,6 +93,8 @@ class Summary:
                 mine[path] = leaf if path not in mine else mine[path].merge(leaf)
         for routed, paths in other.seen.items():
             self.seen.setdefault(routed, set()).update(paths)
+        for name, seconds in other.seconds.items():
+            self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,6 +109,7 @@ class Summary:
                 for r, ls in self.leaves.items()
             },
             "seen": {r: sorted(list(p) for p in ps) for r, ps in self.seen.items()},
+            "seconds": self.seconds,
         }
 
     @classmethod
@@ -112,6 +126,7 @@ class Summary:
                 for r, ls in data["leaves"].items()
             },
             seen={r: {tuple(p) for p in ps} for r, ps in data["seen"].items()},
+            seconds={str(k): float(v) for k, v in data.get("seconds", {}).items()},
         )
 
 
@@ -269,7 +284,8 @@ class TaskRun:
             self._run_pending()
         rest = self._buffers.take(0)
         if rest and self.on_rows is not None:
-            self.on_rows(rest)
+            with self.summary.phase("stage"):
+                self.on_rows(rest)
         return self.summary
 
     def _run_pending(self) -> None:
@@ -279,8 +295,11 @@ class TaskRun:
         self._chunk(source)
 
     def _chunk(self, source: pa.Table) -> None:
-        inp = input_table(source, self.program)
-        out = run_query(self._con, self.program, inp)
+        timing = self.summary
+        with timing.phase("input"):
+            inp = input_table(source, self.program)
+        with timing.phase("query"):
+            out = run_query(self._con, self.program, inp)
         s = Summary(rows=out.num_rows)
         table = out.column(TABLE)
         error_valid = pc.is_valid(out.column(ERROR))
@@ -294,13 +313,15 @@ class TaskRun:
         s.novel = _count(novel)
         s.novel_failed = _count(pc.and_(novel, error_valid))
         if s.novel and self.mode in (WRITE, LEARN):
-            self._learn(out.filter(novel), inp, s)
+            with timing.phase("learn"):
+                self._learn(out.filter(novel), inp, s)
         if self.mode == WRITE:
             self._fail(source, out.filter(pc.and_(error_valid, pc.invert(novel))))
             self._buffers.add(out.filter(routed_ok))
             full = self._buffers.take(self.chunk_rows)
             if full and self.on_rows is not None:
-                self.on_rows(full)
+                with timing.phase("stage"):
+                    self.on_rows(full)
         elif self.mode == FAIL_NOVEL:
             self._fail(source, out.filter(pc.and_(error_valid, novel)))
         elif self.mode == FAIL_ALL:

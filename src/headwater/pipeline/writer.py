@@ -36,6 +36,7 @@ from headwater.pipeline.plan import NULL_KEY, WRITE_STEP, BatchPlan, Knowledge, 
 from headwater.pipeline.task import FAIL_ALL, FAIL_NOVEL, LEARN, Summary, TaskRun
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ class DestinationWriter:
             return
         if not self.knowledge.shape.leaves:  # a new writer: a first guess from a sample
             with stats.phase("learn"):
-                self._learn_first(df)
+                self._learn_first()
         while True:
             stats.plans += 1
             with stats.phase("plan"):
@@ -127,6 +128,8 @@ class DestinationWriter:
                 self._done(stats)
                 return
             summary = result.summary
+            for name, seconds in summary.seconds.items():  # the tasks' time, summed
+                stats.phases[f"task {name}"] = stats.phases.get(f"task {name}", 0.0) + seconds
             if summary.novel and stats.plans < MAX_PLANS:
                 with stats.phase("learn"):
                     learned = self.knowledge.learn(summary.leaves, summary.seen, self.dest)
@@ -159,15 +162,17 @@ class DestinationWriter:
         stats.seconds = time.monotonic() - started
         self._done(stats)
 
-    def _learn_first(self, df: DataFrame) -> None:
-        """Widen the knowledge from the first ``FIRST_SAMPLE`` events of the batch, run here
-        in the driver (a sample, not the batch): their leaves, then the fields each table gets."""
-        sample = df.limit(FIRST_SAMPLE).toArrow()
-        if not sample.num_rows:
+    def _learn_first(self) -> None:
+        """Widen the knowledge from the first ``FIRST_SAMPLE`` events on the destination's
+        topics, read here from the log and run in-process (a guess: whatever the batch holds
+        beyond it is novel and learned by the tasks): their leaves, then the fields each table
+        gets."""
+        sample = first_events(self.config, self.dest, FIRST_SAMPLE)
+        if not sample:
             return
         for _ in range(2):  # the shape, then what the planned fields hold per table
             run = TaskRun(self.plan().program, self.dest.id, LEARN)
-            for batch in sample.to_batches():
+            for batch in sample:
                 run.add(batch)
             summary: Summary = run.finish()
             if not self.knowledge.learn(summary.leaves, summary.seen, self.dest):
@@ -216,6 +221,25 @@ class DestinationWriter:
             stats.seconds,
             ", ".join(f"{k} {v:.2f}" for k, v in stats.phases.items()),
         )
+
+
+def first_events(config: HeadwaterConfig, dest: DestinationConfig, n: int) -> list[pa.RecordBatch]:
+    """About ``n`` of the earliest records of the destination's topics, read from the bus (a
+    share of each partition), in the source's Arrow layout."""
+    from headwater.bus import open_bus
+    from headwater.pipeline.source.offsets import select_topics
+
+    out: list[pa.RecordBatch] = []
+    with open_bus(config, read_only=True) as bus:
+        pattern = None if dest.topics else dest.topic_pattern
+        internal = {config.pipeline.failed_topic}
+        chosen = select_topics((t.name for t in bus.topics()), dest.topics, pattern, internal)
+        parts = [(t, p) for t in chosen for p in range(bus.topic(t).partitions)]
+        for topic, partition in parts:
+            low, high = bus.watermarks(topic, partition)
+            share = max(n // len(parts), 1)
+            out += bus.read_arrow(topic, partition, low, min(high, low + share), share)
+    return out
 
 
 def _refused(exc: BaseException) -> bool:

@@ -19,8 +19,9 @@ from pathlib import Path
 from headwater.bus.embedded import format as fmt
 from headwater.bus.errors import CorruptLog
 
-INDEX_MAGIC = b"HWI1"
-_INDEX_HEAD = struct.Struct("<4sqqqI")  # magic, next_offset, max_timestamp, records, entries
+INDEX_MAGIC = b"HWI2"
+# magic, next_offset, max_timestamp, records, entries, the segment's size it describes
+_INDEX_HEAD = struct.Struct("<4sqqqIq")
 SCAN_CHUNK = 1 << 20
 
 
@@ -57,18 +58,23 @@ class Segment:
             return
         self._scan_all()
 
-    def _load_index(self) -> bool:
+    def _load_index(self, *, prefix: bool = False) -> bool:
+        """Take the index (False when it is missing or unusable). It describes the segment up
+        to the size it records: that must be the whole file, or with ``prefix`` (a read-only
+        open of a segment a writer may append to) a part of it."""
         try:
             data = self.index_path.read_bytes()
         except FileNotFoundError:
             return False
         if len(data) < _INDEX_HEAD.size:
             return False
-        magic, next_offset, max_ts, records, entries = _INDEX_HEAD.unpack_from(data)
+        magic, next_offset, max_ts, records, entries, size = _INDEX_HEAD.unpack_from(data)
         body = memoryview(data)[_INDEX_HEAD.size :]
         if magic != INDEX_MAGIC or len(body) != 16 * entries:
             return False
-        size = os.fstat(self.fd).st_size
+        file_size = os.fstat(self.fd).st_size
+        if size > file_size or (size != file_size and not prefix):
+            return False
         pairs = array("q")
         pairs.frombytes(body)
         self._index_offsets = pairs[0::2]
@@ -94,6 +100,7 @@ class Segment:
             self.max_timestamp,
             self.records,
             len(self._index_offsets),
+            self.size,
         )
         tmp = self.index_path.with_suffix(".index.tmp")
         with open(tmp, "wb") as f:
@@ -253,8 +260,12 @@ class Segment:
         return False
 
     def open_tail(self, index_interval: int) -> None:
-        """Read-only open of a segment another process may be appending to."""
+        """Read-only open of a segment another process may be appending to. A writer removes
+        the active segment's index when it opens it, so an index that is there describes
+        checked batches: only what follows it is scanned (a reader of a big, closed log would
+        otherwise verify every byte of the segment before its first read)."""
         self._index_interval = index_interval
+        self._load_index(prefix=True)
         self.refresh_tail()
 
     def refresh_tail(self) -> None:

@@ -154,6 +154,16 @@ class DuckDBSession(Session):
         self.con.close()
 
 
+# Rows are inserted by every thread at once (a batch's rows have no order that matters: the
+# upsert's winner is chosen by _hw_order): measured 2.9 us a row instead of 5.9 on 2 cores.
+# Closing the file does not checkpoint it (``disable_checkpoint_on_shutdown``): a bulk insert's
+# row groups are already written and its commit is in the WAL, while a checkpoint at every
+# close merged each batch's partly filled row groups with the table's (rewriting the whole
+# batch: 1.3 s per 250k rows, twice the insert). DuckDB checkpoints by itself once the WAL
+# passes its threshold, and readers replay the WAL.
+_CONFIG = {"preserve_insertion_order": False}
+
+
 class DuckDBDestination(SqlDestination):
     kind = "duckdb"
     release_after_use = True
@@ -169,7 +179,9 @@ class DuckDBDestination(SqlDestination):
         deadline = time.monotonic() + self.lock_timeout_s
         while True:
             try:
-                return DuckDBSession(duckdb.connect(str(self.path)))
+                con = duckdb.connect(str(self.path), config=_CONFIG)
+                con.execute("PRAGMA disable_checkpoint_on_shutdown")
+                return DuckDBSession(con)
             except duckdb.IOException as exc:
                 err = classify(exc)
                 if not isinstance(err, DestinationUnavailable) or time.monotonic() > deadline:
