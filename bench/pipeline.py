@@ -165,7 +165,7 @@ def config_for(
     trigger_s: float = 1.0,
 ) -> dict[str, Any]:
     """A config document (validate it with HeadwaterConfig, or write it for the CLI)."""
-    common = {"mode": mode, "trigger_interval_s": trigger_s, "max_records_per_trigger": 250_000}
+    common = {"mode": mode, "trigger_interval_s": trigger_s}
     return {
         "data_dir": str(directory),
         "bus": {"embedded": {"durability": "never", "default_partitions": 2}},

@@ -155,7 +155,7 @@ def stage_parquet(
         batch = writer_folder(folder, writer_id) / str(batch_id)
         path = batch / name / f"{part_name(task)}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(rows, path)
+        pq.write_table(rows, path, write_statistics=False)  # read once, whole: no use
         parts.append(StagedPart(name, rows.num_rows, str(path), task))
     return parts
 

@@ -74,7 +74,7 @@ class DestinationConfig(Section):
         1.0, ge=0, description="Stream mode: the processing-time trigger's interval."
     )
     max_records_per_trigger: int = Field(
-        200_000, gt=0, description="Most records one micro-batch reads."
+        1_000_000, gt=0, description="Most records one micro-batch reads."
     )
     topics: list[str] | None = Field(None, description="Topics to read, by name.")
     topic_pattern: str = Field(

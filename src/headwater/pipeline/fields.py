@@ -66,29 +66,40 @@ def present(f: Field) -> str:
     return f"({f.sql} IS NOT NULL)"
 
 
-_FIRST_CHARS = {STRING: (34,), BOOL: (116, 102), JSON: (123, 91)}  # '"', 't', 'f', '{', '['
+# the first character of raw JSON text per kind: '"', 't' and 'f', '{' and '[', '-' and digits
+_FIRST_CHARS = {
+    STRING: (34,),
+    BOOL: (102, 116),
+    JSON: (91, 123),
+    INT64: (45, *range(48, 58)),
+    FLOAT64: (45, *range(48, 58)),
+}
+_ALL_CHARS = frozenset(c for codes in _FIRST_CHARS.values() for c in codes)
 
 
 def kind_in(f: Field, kinds: frozenset[str] | set[str] | tuple[str, ...]) -> str:
     """Per row: the value is null or of one of ``kinds``. One-kind forms decide it here; raw
-    JSON by its first character (a number is INT64 without a fraction or exponent)."""
+    JSON by its first character (one ``ascii`` per row), and a number is INT64 when it has no
+    fraction or exponent."""
     wanted = frozenset(kinds)
     if f.form != RAW:
         return sql.TRUE if f.kinds <= wanted else f"({f.sql} IS NULL)"
     if f.kinds <= wanted:
         return sql.TRUE
     x = f.sql
-    codes = sorted(c for k in wanted for c in _FIRST_CHARS.get(k, ()))
-    tests = [f"ascii({x}) IN ({', '.join(map(str, codes))})"] if codes else []
-    if INT64 in wanted or FLOAT64 in wanted:
-        number = f"(ascii({x}) BETWEEN 48 AND 57 OR ascii({x}) = 45)"
-        if FLOAT64 not in wanted:
-            number = (
-                f"({number} AND NOT (contains({x}, '.') OR contains({x}, 'e') OR "
-                f"contains({x}, 'E')) AND TRY_CAST({x} AS BIGINT) IS NOT NULL)"
-            )
-        tests.append(number)
-    return f"({x} IS NULL OR {sql.any_of(tests)})"
+    allowed = frozenset(c for k in wanted for c in _FIRST_CHARS[k])
+    if INT64 in wanted and FLOAT64 not in wanted:  # an integer: no fraction, no exponent
+        fraction = f"(contains({x}, '.') OR contains({x}, 'e') OR contains({x}, 'E'))"
+        numbers = ", ".join(map(str, _FIRST_CHARS[INT64]))
+        rest = sorted(allowed - set(_FIRST_CHARS[INT64]))
+        test = f"(ascii({x}) IN ({numbers}) AND NOT {fraction})"
+        if rest:
+            test = f"({test} OR ascii({x}) IN ({', '.join(map(str, rest))}))"
+        return f"({x} IS NULL OR {test})"
+    forbidden = sorted(_ALL_CHARS - allowed)
+    if len(forbidden) < len(allowed):
+        return f"({x} IS NULL OR ascii({x}) NOT IN ({', '.join(map(str, forbidden))}))"
+    return f"({x} IS NULL OR ascii({x}) IN ({', '.join(map(str, sorted(allowed)))}))"
 
 
 def as_text(f: Field) -> str:

@@ -35,7 +35,10 @@ log = logging.getLogger(__name__)
 def source_frame(
     spark: SparkSession, config: HeadwaterConfig, dest: DestinationConfig
 ) -> DataFrame:
-    """The destination's input: its topics on the bus, and its replay topic."""
+    """The destination's input: its topics on the bus, and its replay topic. From headwater's
+    source these are ranges of records (``sink.MAIN_BUS``, ``sink.FAILED_BUS``), which the sink's
+    tasks read themselves; from Spark's Kafka connector, the records."""
+    from headwater.pipeline.sink import FAILED_BUS, MAIN_BUS
     from headwater.pipeline.source import read_stream
 
     main = read_stream(
@@ -44,12 +47,14 @@ def source_frame(
         topics=dest.topics,
         pattern=None if dest.topics else dest.topic_pattern,
         max_records_per_trigger=dest.max_records_per_trigger,
+        ranges_of=MAIN_BUS,
     )
     replay = read_stream(
         spark,
         failed_config(config),
         topics=[replay_topic(dest.id)],
         max_records_per_trigger=dest.max_records_per_trigger,
+        ranges_of=FAILED_BUS,
     )
     return main.unionByName(replay)
 

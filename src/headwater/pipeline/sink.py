@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SINK_NAME = "headwater_sink"
+MAIN_BUS, FAILED_BUS = "main", "failed"  # the buses ranges of records are on
 
 _destinations: dict[tuple[str, str], Destination] = {}
 _destinations_lock = threading.Lock()
@@ -170,9 +171,9 @@ class SinkWriter(_Writer):  # type: ignore[misc,valid-type]
             failure=opts.failure,
         )
         try:
-            batches = iter(iterator)
+            batches = records(iterator, opts.config_json)
             while True:
-                with run.summary.phase("read"):  # waiting for Spark: the source, the JVM
+                with run.summary.phase("read"):  # the log, or Spark (the source, the JVM)
                     batch = next(batches, None)
                 if batch is None:
                     break
@@ -205,6 +206,28 @@ class SinkWriter(_Writer):  # type: ignore[misc,valid-type]
             opts.destination,
             len(parts),
         )
+
+
+def records(batches: Iterator[pa.RecordBatch], config_json: str) -> Iterator[pa.RecordBatch]:
+    """The task's records in the source's layout: as Spark gives them, or read here from the
+    bus for rows that are ranges of records (``source.RANGES_SCHEMA_DDL``): so the records
+    never pass through the JVM."""
+    from headwater.pipeline.failed import failed_config
+    from headwater.pipeline.source import offsets as off
+    from headwater.pipeline.source.reader import LogRange, read_range
+
+    configs: dict[str, str] = {}
+    for batch in batches:
+        if "start" not in batch.schema.names:
+            yield batch
+            continue
+        for row in batch.to_pylist():
+            if row["bus"] not in configs:
+                config = HeadwaterConfig.model_validate_json(config_json)
+                on = config if row["bus"] == MAIN_BUS else failed_config(config)
+                configs[row["bus"]] = on.model_dump_json()
+            r = off.Range(row["topic"], row["partition"], row["start"], row["end"])
+            yield from read_range(LogRange(configs[row["bus"]], r))
 
 
 def task_name() -> str:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from headwater.pipeline.source.arrow import SCHEMA_DDL
-from headwater.pipeline.source.reader import SOURCE_NAME, HeadwaterSource
+from headwater.pipeline.source.options import RANGES
+from headwater.pipeline.source.reader import RANGES_SCHEMA_DDL, SOURCE_NAME, HeadwaterSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -46,8 +47,12 @@ def read_stream(
     pattern: str | None = None,
     max_records_per_trigger: int | None = None,
     starting_offsets: str = "earliest",
+    ranges_of: str | None = None,
 ) -> DataFrame:
-    """A streaming DataFrame over ``topics`` (or the topics ``pattern`` matches)."""
+    """A streaming DataFrame over ``topics`` (or the topics ``pattern`` matches). With
+    ``ranges_of`` (a name for the bus), headwater's source gives one row per task's range of
+    records (``RANGES_SCHEMA_DDL``) for a consumer that reads them itself; Spark's Kafka
+    connector, when it is used, always gives the records."""
     if (topics is None) == (pattern is None):
         raise ValueError("give exactly one of topics or pattern")
     if config.bus.backend == "kafka" and kafka_connector_available(spark):
@@ -76,11 +81,14 @@ def read_stream(
         reader = reader.option("topicPattern", pattern)
     if max_records_per_trigger is not None:
         reader = reader.option("maxRecordsPerTrigger", str(max_records_per_trigger))
+    if ranges_of is not None:
+        reader = reader.option("layout", RANGES).option("busName", ranges_of)
     return reader.load()
 
 
 __all__ = [
     "KAFKA_PROVIDER",
+    "RANGES_SCHEMA_DDL",
     "SCHEMA_DDL",
     "SOURCE_NAME",
     "kafka_connector_available",

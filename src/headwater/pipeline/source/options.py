@@ -5,7 +5,11 @@
 - ``maxRecordsPerTrigger``: most records per micro-batch (shared fairly by the partitions);
 - ``startingOffsets``: ``earliest`` (default), ``latest`` or ``{"topic": {"0": 5}}``;
 - ``endingOffsets`` (batch reads): ``latest`` (default) or explicit offsets;
-- ``recordsPerTask``: the largest range one Spark task reads (default 50,000).
+- ``recordsPerTask``: the largest range one Spark task reads (default 100,000);
+- ``layout``: ``kafka`` (default: the records, in the layout of Spark's Kafka source) or
+  ``ranges``: one row per task's range (``RANGES_SCHEMA_DDL``), for a consumer that reads the
+  records itself from the bus (the pipeline's sink, which so keeps them out of the JVM);
+  ``busName`` labels those rows (which bus they are on: the reader of the rows knows the buses).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from typing import Any
 from headwater.config.model import HeadwaterConfig
 from headwater.errors import ConfigError
 
-DEFAULT_RECORDS_PER_TASK = 50_000
+DEFAULT_RECORDS_PER_TASK = 100_000
+KAFKA, RANGES = "kafka", "ranges"
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,8 @@ class SourceOptions:
     ending: str | dict[str, dict[str, int]]
     records_per_task: int
     internal_topics: frozenset[str]
+    layout: str = KAFKA
+    bus_name: str = ""
 
     @property
     def config(self) -> HeadwaterConfig:
@@ -94,7 +101,12 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
             re.compile(pattern)
         except re.error as e:
             raise ConfigError(f"option topicPattern is not a valid regex: {e}") from None
+    layout = opts.get("layout", KAFKA)
+    if layout not in (KAFKA, RANGES):
+        raise ConfigError(f"option layout must be {KAFKA} or {RANGES}, not {layout!r}")
     return SourceOptions(
+        layout=layout,
+        bus_name=opts.get("busname", ""),
         config_json=config_json,
         topics=topics,
         pattern=pattern,

@@ -35,11 +35,12 @@ from headwater.bus.arrow import SCHEMA_DDL
 from headwater.bus.errors import OffsetOutOfRange
 from headwater.config.model import HeadwaterConfig
 from headwater.pipeline.source import offsets as off
-from headwater.pipeline.source.options import SourceOptions, parse_options
+from headwater.pipeline.source.options import RANGES, SourceOptions, parse_options
 
 log = logging.getLogger(__name__)
 
 SOURCE_NAME = "headwater"
+RANGES_SCHEMA_DDL = "bus string, topic string, partition int, start long, end long"
 CHUNK = 32_768  # records per bus read (the bus sizes the Arrow batches it returns)
 
 _buses: dict[str, Bus] = {}
@@ -76,6 +77,41 @@ class LogRange(InputPartition):
         super().__init__(r)
         self.config_json = config_json
         self.range = r
+
+
+def ranges_batch(opts: SourceOptions, parts: Sequence[LogRange]) -> Any:
+    """The ``ranges`` layout: one row per range (``RANGES_SCHEMA_DDL``)."""
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pylist(
+        [
+            {
+                "bus": opts.bus_name,
+                "topic": p.range.topic,
+                "partition": p.range.partition,
+                "start": p.range.start,
+                "end": p.range.end,
+            }
+            for p in parts
+        ],
+        schema=pa.schema(
+            [
+                ("bus", pa.string()),
+                ("topic", pa.string()),
+                ("partition", pa.int32()),
+                ("start", pa.int64()),
+                ("end", pa.int64()),
+            ]
+        ),
+    )
+
+
+def read(opts: SourceOptions, part: LogRange) -> Iterator[Any]:
+    """A task's rows in the source's layout: the records, or the range itself."""
+    if opts.layout == RANGES:
+        yield ranges_batch(opts, [part])
+        return
+    yield from read_range(part)
 
 
 def read_range(part: LogRange) -> Iterator[Any]:
@@ -136,7 +172,7 @@ class HeadwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, LogRange)
-        return read_range(partition)
+        return read(self.opts, partition)
 
     def commit(self, end: dict) -> None:
         """Nothing: the checkpoint is the source of truth."""
@@ -155,7 +191,7 @@ class HeadwaterBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, LogRange)
-        return read_range(partition)
+        return read(self.opts, partition)
 
 
 class HeadwaterSource(DataSource):
@@ -170,7 +206,7 @@ class HeadwaterSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        return SCHEMA_DDL
+        return RANGES_SCHEMA_DDL if self.opts.layout == RANGES else SCHEMA_DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return HeadwaterBatchReader(self.opts)
