@@ -62,7 +62,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=Path, required=True, help="a small NDJSON sample")
     parser.add_argument("--database", type=Path, required=True, help="the DuckDB file to make")
     parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--driver-memory", default="4g", help="as headwater's local default")
+    parser.add_argument(
+        "--driver-memory",
+        default="4g",
+        help="enough for the script's toArrow() of 1M events through the driver",
+    )
     args = parser.parse_args()
 
     from pyspark.sql import SparkSession

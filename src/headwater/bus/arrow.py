@@ -14,12 +14,11 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from headwater.bus.layout import CREATE_TIME, SCHEMA_DDL
 from headwater.bus.records import Record
 
-SCHEMA_DDL = (
-    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
-    "timestampType int, headers array<struct<key:string,value:binary>>"
-)
+__all__ = ["ARROW_SCHEMA", "CREATE_TIME", "HEADER_TYPE", "SCHEMA_DDL", "to_record_batch"]
+
 HEADER_TYPE = pa.struct([("key", pa.string()), ("value", pa.binary())])
 HEADERS_TYPE = pa.list_(HEADER_TYPE)
 TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
@@ -35,7 +34,6 @@ ARROW_SCHEMA = pa.schema(
         ("headers", HEADERS_TYPE),
     ]
 )
-CREATE_TIME = 0  # Kafka's timestampType for a producer-set (here: append-time) timestamp
 
 
 def to_record_batch(records: Sequence[Record]) -> pa.RecordBatch:

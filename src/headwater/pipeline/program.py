@@ -19,6 +19,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 LEARN_ROUTED = "routed"
+CHUNK_ROWS = 32_768  # rows per query
+
+# what a task's run does with its rows
+WRITE = "write"  # stage the tables' rows, fail the failed ones (not novel)
+LEARN = "learn"  # only the summary
+FAIL_NOVEL = "fail_novel"  # fail the novel rows a step failed (once learning has ended)
+FAIL_ALL = "fail_all"  # fail every routed row (the destination refused the batch)
+MODES = (WRITE, LEARN, FAIL_NOVEL, FAIL_ALL)
 
 
 @dataclass(frozen=True)

@@ -38,24 +38,25 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, WriterCommitMessage
 
-from headwater.config.model import HeadwaterConfig
-from headwater.destinations import Destination, open_destination
-from headwater.destinations.base import StagedPart
-from headwater.pipeline.failed import FailedEvent, FailedStore
-from headwater.pipeline.program import Program
-from headwater.pipeline.task import CHUNK_ROWS, MODES, WRITE, Summary, TaskRun
+from headwater.pipeline.program import CHUNK_ROWS, MODES, WRITE, Program
 
 try:  # PySpark 4.0+ hands Arrow batches to an Arrow writer
     from pyspark.sql.datasource import DataSourceArrowWriter as _Writer
 except ImportError:  # pragma: no cover - older PySpark: rows
     from pyspark.sql.datasource import DataSourceWriter as _Writer
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the rest is imported where it is used: the processes in which Spark plans
+    # and commits the write load this module too, and need none of it
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from headwater.config.model import HeadwaterConfig
+    from headwater.destinations import Destination
+    from headwater.destinations.base import StagedPart
     from headwater.pipeline.config import DestinationConfig
+    from headwater.pipeline.failed import FailedEvent, FailedStore
+    from headwater.pipeline.task import Summary
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,9 @@ def register(spark: SparkSession) -> None:
 def destination_for(config_json: str, destination_id: str) -> Destination:
     """This process's instance of a configured destination (opened on first use; a Python
     worker runs many tasks)."""
+    from headwater.config.model import HeadwaterConfig
+    from headwater.destinations import open_destination
+
     key = (config_json, destination_id)
     with _destinations_lock:
         dest = _destinations.get(key)
@@ -146,6 +150,10 @@ class SinkWriter(_Writer):  # type: ignore[misc,valid-type]
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedMessage:
+        from headwater.config.model import HeadwaterConfig
+        from headwater.pipeline.failed import FailedStore
+        from headwater.pipeline.task import TaskRun
+
         opts = self.options
         staged: list[StagedPart] = []
         dest = destination_for(opts.config_json, opts.destination) if opts.mode == WRITE else None
@@ -194,6 +202,8 @@ class SinkWriter(_Writer):  # type: ignore[misc,valid-type]
         )
 
     def abort(self, messages: list[StagedMessage | None]) -> None:  # type: ignore[override]
+        from headwater.destinations.base import StagedPart
+
         opts = self.options
         parts = [StagedPart.from_json(p) for m in messages if m is not None for p in m.parts]
         if parts:
@@ -208,26 +218,77 @@ class SinkWriter(_Writer):  # type: ignore[misc,valid-type]
         )
 
 
+def task_frame(df: DataFrame) -> tuple[DataFrame, list[dict[str, Any]] | None]:
+    """The frame the sink's job runs over, and the batch's ranges of records when the source
+    gave ranges (else None: the frame is the records). Ranges are collected (a row each) and
+    laid out again in Spark's JVM, one partition per range: the job's tasks then need no
+    Python worker to read them, only the sink's, which reads the records itself."""
+    if "start" not in df.columns:
+        return df, None
+    from pyspark.sql import functions as F
+
+    ranges = [r.asDict() for r in df.collect()]
+    if not ranges:
+        return df, ranges
+    table = F.array(
+        *[
+            F.struct(
+                F.lit(r["bus"]).alias("bus"),
+                F.lit(r["topic"]).alias("topic"),
+                F.lit(r["partition"]).cast("int").alias("partition"),
+                F.lit(r["start"]).cast("long").alias("start"),
+                F.lit(r["end"]).cast("long").alias("end"),
+            )
+            for r in ranges
+        ]
+    )
+    ids = df.sparkSession.range(0, len(ranges), 1, len(ranges))
+    return ids.select(F.get(table, F.col("id").cast("int")).alias("r")).select("r.*"), ranges
+
+
 def records(batches: Iterator[pa.RecordBatch], config_json: str) -> Iterator[pa.RecordBatch]:
     """The task's records in the source's layout: as Spark gives them, or read here from the
     bus for rows that are ranges of records (``source.RANGES_SCHEMA_DDL``): so the records
     never pass through the JVM."""
-    from headwater.pipeline.failed import failed_config
-    from headwater.pipeline.source import offsets as off
-    from headwater.pipeline.source.reader import LogRange, read_range
-
-    configs: dict[str, str] = {}
+    buses = Buses(config_json)
     for batch in batches:
         if "start" not in batch.schema.names:
             yield batch
             continue
         for row in batch.to_pylist():
-            if row["bus"] not in configs:
-                config = HeadwaterConfig.model_validate_json(config_json)
-                on = config if row["bus"] == MAIN_BUS else failed_config(config)
-                configs[row["bus"]] = on.model_dump_json()
-            r = off.Range(row["topic"], row["partition"], row["start"], row["end"])
-            yield from read_range(LogRange(configs[row["bus"]], r))
+            yield from buses.read(row)
+
+
+class Buses:
+    """The buses ranges of records are on (``MAIN_BUS``, ``FAILED_BUS``), by config."""
+
+    def __init__(self, config_json: str) -> None:
+        self.config_json = config_json
+        self.configs: dict[str, str] = {}
+
+    def read(self, row: Mapping[str, Any], limit: int | None = None) -> Iterator[pa.RecordBatch]:
+        """The records of a range (at most ``limit`` of its first)."""
+        from headwater.pipeline.failed import failed_config
+        from headwater.pipeline.source import offsets as off
+        from headwater.pipeline.source.reader import LogRange, read_range
+
+        bus = row["bus"]
+        if bus not in self.configs:
+            from headwater.config.model import HeadwaterConfig
+
+            config = HeadwaterConfig.model_validate_json(self.config_json)
+            on = config if bus == MAIN_BUS else failed_config(config)
+            self.configs[bus] = on.model_dump_json()
+        end = row["end"] if limit is None else min(row["end"], row["start"] + limit)
+        r = off.Range(row["topic"], row["partition"], row["start"], end)
+        yield from read_range(LogRange(self.configs[bus], r))
+
+
+def sample(ranges: list[dict[str, Any]], config: HeadwaterConfig, n: int) -> list[pa.RecordBatch]:
+    """About ``n`` records: the first ones of each range, in the driver (a first guess)."""
+    buses = Buses(config.model_dump_json())
+    share = max(n // max(len(ranges), 1), 1)
+    return [b for r in ranges for b in buses.read(r, share)]
 
 
 def task_name() -> str:
@@ -268,6 +329,9 @@ def run(
     """Run ``program`` over ``frame`` (the source's rows) in the executors: one Spark job.
     Returns the staged parts (``mode`` write) and the tasks' summaries merged. Raises what the
     job raised (the parts of an aborted job are discarded)."""
+    from headwater.destinations.base import StagedPart
+    from headwater.pipeline.task import Summary
+
     fd, name = tempfile.mkstemp(prefix=f"hw-sink-{dest.id}-{batch_id}-", suffix=".json")
     os.close(fd)
     manifest = Path(name)

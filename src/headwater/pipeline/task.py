@@ -46,17 +46,18 @@ from headwater.pipeline.columns import (
     header,
 )
 from headwater.pipeline.failed import FailedEvent, make_id, now_iso
-from headwater.pipeline.program import LEARN_ROUTED, Program
+from headwater.pipeline.program import (
+    CHUNK_ROWS,
+    FAIL_ALL,
+    FAIL_NOVEL,
+    LEARN,
+    LEARN_ROUTED,
+    MODES,
+    WRITE,
+    Program,
+)
 
-CHUNK_ROWS = 65_536  # rows per query: a query's planning costs tens of milliseconds
 MALFORMED = "Malformed JSON"
-
-# what a run does with its rows
-WRITE = "write"  # stage the tables' rows, fail the failed ones (not novel)
-LEARN = "learn"  # only the summary
-FAIL_NOVEL = "fail_novel"  # fail the novel rows a step failed (once learning has ended)
-FAIL_ALL = "fail_all"  # fail every routed row (the destination refused the batch)
-MODES = (WRITE, LEARN, FAIL_NOVEL, FAIL_ALL)
 
 
 @dataclass
@@ -182,10 +183,13 @@ def header_values(headers: pa.Array, names: Iterable[str]) -> dict[str, pa.Array
 
 
 def utf8_or_null(values: pa.Array, *, replace: bool = False) -> pa.Array:
-    """``values`` (binary) as text: as they are when valid UTF-8 (checked by Arrow in one
-    pass); else, per value, null (or with replacement characters when ``replace``)."""
+    """``values`` (binary) as text: the same buffers seen as text when they are valid UTF-8
+    (checked by Arrow in one pass, no copy); else, per value, null (or with replacement
+    characters when ``replace``)."""
+    text = values.view(pa.string())
     try:
-        return values.cast(pa.string())
+        text.validate(full=True)
+        return text
     except pa.ArrowInvalid:
         pass
     out = []
@@ -217,6 +221,7 @@ def engine(program: Program) -> Any:
             con = duckdb.connect()
             con.execute("SET threads = 1")
             con.execute("SET TimeZone = 'UTC'")
+            con.execute("SET memory_limit = '256MB'")  # results leave as Arrow; little stays
             if program.functions:
                 from headwater.pipeline.steps import lookup
 

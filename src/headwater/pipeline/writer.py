@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from headwater.config.model import HeadwaterConfig
 from headwater.destinations import Destination, open_destination
@@ -110,9 +110,15 @@ class DestinationWriter:
             stats.replayed_batch = True
             self.last = stats
             return
+        with stats.phase("plan"):
+            df, ranges = sink.task_frame(df)
+        if ranges == []:  # nothing in the batch: record it, no job
+            destination.commit_staged(self.dest.id, batch_id, [], {})
+            self._done(stats)
+            return
         if not self.knowledge.shape.leaves:  # a new writer: a first guess from a sample
             with stats.phase("learn"):
-                self._learn_first()
+                self._learn_first(ranges)
         while True:
             stats.plans += 1
             with stats.phase("plan"):
@@ -162,12 +168,17 @@ class DestinationWriter:
         stats.seconds = time.monotonic() - started
         self._done(stats)
 
-    def _learn_first(self) -> None:
-        """Widen the knowledge from the first ``FIRST_SAMPLE`` events on the destination's
-        topics, read here from the log and run in-process (a guess: whatever the batch holds
-        beyond it is novel and learned by the tasks): their leaves, then the fields each table
-        gets."""
-        sample = first_events(self.config, self.dest, FIRST_SAMPLE)
+    def _learn_first(self, ranges: list[dict[str, Any]] | None) -> None:
+        """Widen the knowledge from ``FIRST_SAMPLE`` events, read here from the log (the first
+        of each of the batch's ranges, else of the destination's topics) and run in-process
+        (a guess: whatever the batch holds beyond it is novel and learned by the tasks): their
+        leaves, then the fields each table gets."""
+        from headwater.pipeline import sink
+
+        if ranges is not None:
+            sample = sink.sample(ranges, self.config, FIRST_SAMPLE)
+        else:
+            sample = first_events(self.config, self.dest, FIRST_SAMPLE)
         if not sample:
             return
         for _ in range(2):  # the shape, then what the planned fields hold per table

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from headwater.pipeline.source.arrow import SCHEMA_DDL
+from headwater.bus.layout import SCHEMA_DDL
 from headwater.pipeline.source.options import RANGES
 from headwater.pipeline.source.reader import RANGES_SCHEMA_DDL, SOURCE_NAME, HeadwaterSource
 

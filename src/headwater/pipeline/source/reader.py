@@ -31,8 +31,8 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from headwater.bus import Bus, open_bus
-from headwater.bus.arrow import SCHEMA_DDL
 from headwater.bus.errors import OffsetOutOfRange
+from headwater.bus.layout import SCHEMA_DDL
 from headwater.config.model import HeadwaterConfig
 from headwater.pipeline.source import offsets as off
 from headwater.pipeline.source.options import RANGES, SourceOptions, parse_options
@@ -79,6 +79,23 @@ class LogRange(InputPartition):
         self.range = r
 
 
+class LogRanges(InputPartition):
+    """The ``ranges`` layout's one task: every range of the batch, as rows."""
+
+    def __init__(self, ranges: list[LogRange]) -> None:
+        super().__init__(len(ranges))
+        self.ranges = ranges
+
+
+def planned(opts: SourceOptions, ranges: Sequence[off.Range]) -> list[InputPartition]:
+    """Spark's tasks for ``ranges``: one per range, or in the ``ranges`` layout one for all
+    (reading a row per range is no work to spread)."""
+    parts = [LogRange(opts.config_json, r) for r in ranges]
+    if opts.layout == RANGES:
+        return [LogRanges(parts)] if parts else []
+    return list(parts)
+
+
 def ranges_batch(opts: SourceOptions, parts: Sequence[LogRange]) -> Any:
     """The ``ranges`` layout: one row per range (``RANGES_SCHEMA_DDL``)."""
     import pyarrow as pa
@@ -106,11 +123,12 @@ def ranges_batch(opts: SourceOptions, parts: Sequence[LogRange]) -> Any:
     )
 
 
-def read(opts: SourceOptions, part: LogRange) -> Iterator[Any]:
-    """A task's rows in the source's layout: the records, or the range itself."""
-    if opts.layout == RANGES:
-        yield ranges_batch(opts, [part])
+def read(opts: SourceOptions, part: InputPartition) -> Iterator[Any]:
+    """A task's rows in the source's layout: the records, or the ranges themselves."""
+    if isinstance(part, LogRanges):
+        yield ranges_batch(opts, part.ranges)
         return
+    assert isinstance(part, LogRange)
     yield from read_range(part)
 
 
@@ -165,13 +183,12 @@ class HeadwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return off.to_offsets({tp: high for tp, (_, high) in watermarks(self.opts).items()})
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        planned = off.ranges(
+        ranges = off.ranges(
             off.from_offsets(start), off.from_offsets(end), self.opts.records_per_task
         )
-        return [LogRange(self.opts.config_json, r) for r in planned]
+        return planned(self.opts, ranges)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, LogRange)
         return read(self.opts, partition)
 
     def commit(self, end: dict) -> None:
@@ -186,11 +203,9 @@ class HeadwaterBatchReader(DataSourceReader):
         marks = watermarks(self.opts)
         start = off.resolve(marks, self.opts.starting)
         end = off.resolve(marks, self.opts.ending, unnamed="latest")
-        planned = off.ranges(start, end, self.opts.records_per_task)
-        return [LogRange(self.opts.config_json, r) for r in planned]
+        return planned(self.opts, off.ranges(start, end, self.opts.records_per_task))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, LogRange)
         return read(self.opts, partition)
 
 
