@@ -135,3 +135,30 @@ def test_the_jsonl_archive_holds_each_event_after_context_enrichment(
     assert first["source_ip"] == "81.2.69.142" and first["src"] == "raccoon-ws"
     assert first["eventn_ctx"]["event_id"] == "ev-0"
     assert first["_timestamp"].startswith("2024-05-01")
+
+
+def test_a_checkpoint_with_a_source_per_bus_keeps_its_layout(
+    spark: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A destination's query reads its topics and its replay topic with one source; a
+    checkpoint made when each had a source of its own (two lines of offsets per batch) is
+    resumed with that layout, replays included, and nothing lands twice."""
+    from headwater.pipeline import runner
+
+    config_path = write_config(tmp_path / "headwater.yaml", "{{ category | default('misc') }}")
+    checkpoint = load_config(config_path).checkpoint_dir() / "warehouse"
+    append_events(config_path, [{"n": n, "category": "books"} for n in range(4)])
+    with monkeypatch.context() as m:  # as an earlier headwater made it: a source per bus
+        m.setattr(runner, "sources_in", lambda _: 2)
+        run_pipeline(spark, config_path)
+    assert runner.sources_in(checkpoint) == 2
+    append_events(config_path, [{"n": n, "category": "books"} for n in range(4, 6)])
+    assert run_pipeline(spark, config_path).queries[0].writer.written == 2
+    assert runner.sources_in(checkpoint) == 2
+    assert rows(config_path, "select count(*), count(distinct n) from books") == [(6, 6)]
+
+    (tmp_path / "fresh").mkdir()
+    fresh = write_config(tmp_path / "fresh" / "headwater.yaml", "{{ category }}")
+    append_events(fresh, [{"n": 1, "category": "books"}])
+    run_pipeline(spark, fresh)
+    assert runner.sources_in(load_config(fresh).checkpoint_dir() / "warehouse") == 1

@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from headwater.config.model import HeadwaterConfig
@@ -33,14 +34,26 @@ log = logging.getLogger(__name__)
 
 
 def source_frame(
-    spark: SparkSession, config: HeadwaterConfig, dest: DestinationConfig
+    spark: SparkSession, config: HeadwaterConfig, dest: DestinationConfig, checkpoint: Path
 ) -> DataFrame:
     """The destination's input: its topics on the bus, and its replay topic. From headwater's
     source these are ranges of records (``sink.MAIN_BUS``, ``sink.FAILED_BUS``), which the sink's
-    tasks read themselves; from Spark's Kafka connector, the records."""
+    tasks read themselves, and one source reads both buses; from Spark's Kafka connector, the
+    records, a source each (so do the queries of checkpoints made before one source read both:
+    a query keeps the sources its checkpoint has)."""
     from headwater.pipeline.sink import FAILED_BUS, MAIN_BUS
-    from headwater.pipeline.source import read_stream
+    from headwater.pipeline.source import read_stream, uses_kafka_connector
 
+    if not uses_kafka_connector(spark, config) and sources_in(checkpoint) in (None, 1):
+        return read_stream(
+            spark,
+            config,
+            topics=dest.topics,
+            pattern=None if dest.topics else dest.topic_pattern,
+            max_records_per_trigger=dest.max_records_per_trigger,
+            ranges_of=MAIN_BUS,
+            also=[(failed_config(config), [replay_topic(dest.id)], FAILED_BUS)],
+        )
     main = read_stream(
         spark,
         config,
@@ -57,6 +70,19 @@ def source_frame(
         ranges_of=FAILED_BUS,
     )
     return main.unionByName(replay)
+
+
+def sources_in(checkpoint: Path) -> int | None:
+    """How many sources a streaming query's checkpoint has offsets for (None: no batch yet).
+    Spark's offset log (``offsets/<batch>``) holds a version line, a metadata line and a line
+    per source."""
+    folder = checkpoint / "offsets"
+    batches = [p for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
+    if not batches:
+        return None
+    latest = max(batches, key=lambda p: int(p.name))
+    lines = [line for line in latest.read_text().splitlines() if line.strip()]
+    return max(len(lines) - 2, 0)
 
 
 @dataclass
@@ -115,7 +141,7 @@ class Pipeline:
 
     def _start(self, q: DestinationQuery, *, available_now: bool) -> StreamingQuery | None:
         """Start the destination's query (None: the pipeline is stopping)."""
-        frame = source_frame(self.spark, self.config, q.dest)
+        frame = source_frame(self.spark, self.config, q.dest, Path(self.checkpoint(q.dest)))
         dest_id, board, writer_fn = q.dest.id, self.status, q.writer
 
         def write(batch: DataFrame, batch_id: int) -> None:

@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
     from headwater.pipeline.config import SparkConfig
@@ -43,6 +46,28 @@ _DEFAULTS = {
 _LOCAL_DEFAULTS = {"spark.driver.memory": "512m"}
 
 
+def extra_jars(config: SparkConfig) -> str:
+    """``spark.jars``: the configured ones, else the PostgreSQL JDBC driver when installed."""
+    if "spark.jars" in config.conf:
+        return config.conf["spark.jars"]
+    return str(POSTGRES_JDBC_JAR) if POSTGRES_JDBC_JAR.exists() else ""
+
+
+def settings(config: SparkConfig) -> dict[str, str]:
+    """Every setting the session is built with: ours, then the configured ones on top."""
+    local = config.master.startswith("local")
+    out = {**_DEFAULTS, **(_LOCAL_DEFAULTS if local else {})}
+    jars = extra_jars(config)
+    if jars:
+        out["spark.jars"] = jars
+    if local:  # the driver is the whole cluster: start it fast (headwater.pipeline.jvm)
+        from headwater.pipeline.jvm import driver_options
+
+        options = " ".join(driver_options(jars))
+        out["spark.driver.extraJavaOptions"] += f" {options}"
+    return {**out, **config.conf}
+
+
 def spark_session(config: SparkConfig, app_name: str = "headwater") -> SparkSession:
     """The process's SparkSession (created on first use, then reused)."""
     from pyspark.sql import SparkSession
@@ -53,15 +78,36 @@ def spark_session(config: SparkConfig, app_name: str = "headwater") -> SparkSess
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         builder = SparkSession.builder.master(config.master).appName(app_name)
-        defaults = {**_DEFAULTS, **(_LOCAL_DEFAULTS if config.master.startswith("local") else {})}
-        for key, value in {**defaults, **config.conf}.items():
+        for key, value in settings(config).items():
             builder = builder.config(key, value)
-        if POSTGRES_JDBC_JAR.exists() and "spark.jars" not in config.conf:
-            builder = builder.config("spark.jars", str(POSTGRES_JDBC_JAR))
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel("ERROR")
         _register_sources(session)
+        threading.Thread(
+            target=warm_workers, args=(session,), name="warm-python-workers", daemon=True
+        ).start()
         return session
+
+
+def warm_workers(session: SparkSession) -> None:
+    """Start the executors' Python workers and load what the pipeline's tasks need (one task
+    per core, in the background): a cold worker takes a second or more to import it all, which
+    a first micro-batch (``headwater pipeline --once``) would otherwise wait for."""
+    import logging
+
+    cores = session.sparkContext.defaultParallelism
+    try:
+        session.range(0, cores, 1, cores).mapInArrow(_warm, "id long").collect()
+    except Exception:  # only a head start: the pipeline's own jobs say what is wrong
+        logging.getLogger(__name__).debug("warming the Python workers failed", exc_info=True)
+
+
+def _warm(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    from headwater.pipeline import task
+
+    task.warm()
+    for batch in batches:
+        yield batch.slice(0, 0)
 
 
 def _register_sources(session: SparkSession) -> None:

@@ -230,6 +230,16 @@ def engine(program: Program) -> Any:
         return con.cursor()
 
 
+def warm() -> None:
+    """Load what running a program needs (a worker's first task then starts at once)."""
+    import duckdb
+
+    from headwater.pipeline import sink  # noqa: F401  (the writer's module)
+    from headwater.pipeline.steps import lookup  # noqa: F401
+
+    duckdb.connect().execute("SELECT 1").fetchall()
+
+
 def run_query(con: Any, program: Program, inp: pa.Table) -> pa.Table:
     """The program over ``inp``; a chunk holding malformed JSON that looked like an object
     runs again with every event checked first."""

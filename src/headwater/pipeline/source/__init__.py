@@ -8,6 +8,7 @@ the connector instead.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from headwater.bus.layout import SCHEMA_DDL
@@ -48,14 +49,18 @@ def read_stream(
     max_records_per_trigger: int | None = None,
     starting_offsets: str = "earliest",
     ranges_of: str | None = None,
+    also: list[tuple[HeadwaterConfig, list[str], str]] | None = None,
 ) -> DataFrame:
     """A streaming DataFrame over ``topics`` (or the topics ``pattern`` matches). With
     ``ranges_of`` (a name for the bus), headwater's source gives one row per task's range of
     records (``RANGES_SCHEMA_DDL``) for a consumer that reads them itself; Spark's Kafka
-    connector, when it is used, always gives the records."""
+    connector, when it is used, always gives the records. ``also``: more topics on other buses
+    (config, topic names, bus name) read by the same source (headwater's source only)."""
     if (topics is None) == (pattern is None):
         raise ValueError("give exactly one of topics or pattern")
-    if config.bus.backend == "kafka" and kafka_connector_available(spark):
+    if uses_kafka_connector(spark, config):
+        if also:
+            raise ValueError("Spark's Kafka connector reads one bus: no other topics")
         kafka = config.bus.kafka
         reader = (
             spark.readStream.format("kafka")
@@ -83,7 +88,17 @@ def read_stream(
         reader = reader.option("maxRecordsPerTrigger", str(max_records_per_trigger))
     if ranges_of is not None:
         reader = reader.option("layout", RANGES).option("busName", ranges_of)
+    if also:
+        feeds = [
+            {"config": c.model_dump(mode="json"), "topics": t, "busName": b} for c, t, b in also
+        ]
+        reader = reader.option("alsoRead", json.dumps(feeds))
     return reader.load()
+
+
+def uses_kafka_connector(spark: SparkSession, config: HeadwaterConfig) -> bool:
+    """Whether ``read_stream`` reads ``config``'s bus with Spark's Kafka connector."""
+    return config.bus.backend == "kafka" and kafka_connector_available(spark)
 
 
 __all__ = [
@@ -94,4 +109,5 @@ __all__ = [
     "kafka_connector_available",
     "read_stream",
     "register",
+    "uses_kafka_connector",
 ]

@@ -9,7 +9,10 @@
 - ``layout``: ``kafka`` (default: the records, in the layout of Spark's Kafka source) or
   ``ranges``: one row per task's range (``RANGES_SCHEMA_DDL``), for a consumer that reads the
   records itself from the bus (the pipeline's sink, which so keeps them out of the JVM);
-  ``busName`` labels those rows (which bus they are on: the reader of the rows knows the buses).
+  ``busName`` labels those rows (which bus they are on: the reader of the rows knows the buses);
+- ``alsoRead``: more topics on other buses, read by the same source (one query's one source,
+  one set of offsets): JSON ``[{"config": {...}, "topics": ["..."], "busName": "..."}]``
+  (the pipeline reads a destination's replay topic, in the failed store, this way).
 """
 
 from __future__ import annotations
@@ -28,6 +31,17 @@ KAFKA, RANGES = "kafka", "ranges"
 
 
 @dataclass(frozen=True)
+class Feed:
+    """Topics of one bus a source reads."""
+
+    config_json: str
+    topics: list[str] | None
+    pattern: str | None
+    bus_name: str
+    internal_topics: frozenset[str]
+
+
+@dataclass(frozen=True)
 class SourceOptions:
     config_json: str
     topics: list[str] | None
@@ -39,6 +53,14 @@ class SourceOptions:
     internal_topics: frozenset[str]
     layout: str = KAFKA
     bus_name: str = ""
+    also: tuple[Feed, ...] = ()
+
+    @property
+    def feeds(self) -> tuple[Feed, ...]:
+        main = Feed(
+            self.config_json, self.topics, self.pattern, self.bus_name, self.internal_topics
+        )
+        return (main, *self.also)
 
     @property
     def config(self) -> HeadwaterConfig:
@@ -107,6 +129,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     return SourceOptions(
         layout=layout,
         bus_name=opts.get("busname", ""),
+        also=_also(opts.get("alsoread")),
         config_json=config_json,
         topics=topics,
         pattern=pattern,
@@ -117,3 +140,19 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         or DEFAULT_RECORDS_PER_TASK,
         internal_topics=frozenset({config.pipeline.failed_topic}),
     )
+
+
+def _also(raw: str | None) -> tuple[Feed, ...]:
+    if raw is None:
+        return ()
+    try:
+        feeds = json.loads(raw)
+        out = []
+        for f in feeds:
+            config = HeadwaterConfig.model_validate(f["config"])
+            topics = [str(t) for t in f["topics"]]
+            internal = frozenset({config.pipeline.failed_topic})
+            out.append(Feed(config.model_dump_json(), topics, None, str(f["busName"]), internal))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"option alsoRead is not a list of feeds: {e}") from None
+    return tuple(out)

@@ -35,7 +35,7 @@ from headwater.bus.errors import OffsetOutOfRange
 from headwater.bus.layout import SCHEMA_DDL
 from headwater.config.model import HeadwaterConfig
 from headwater.pipeline.source import offsets as off
-from headwater.pipeline.source.options import RANGES, SourceOptions, parse_options
+from headwater.pipeline.source.options import RANGES, Feed, SourceOptions, parse_options
 
 log = logging.getLogger(__name__)
 
@@ -59,23 +59,37 @@ def bus_for(config_json: str) -> Bus:
 
 def watermarks(opts: SourceOptions) -> dict[tuple[str, int], tuple[int, int]]:
     """(low, high) of every partition of the selected topics, as they are now."""
-    bus = bus_for(opts.config_json)
-    chosen = off.select_topics(
-        (t.name for t in bus.topics()), opts.topics, opts.pattern, opts.internal_topics
-    )
     marks = {}
-    for topic in chosen:
+    for feed, topic in chosen_topics(opts):
+        bus = bus_for(feed.config_json)
         for partition in range(bus.topic(topic).partitions):
             marks[(topic, partition)] = bus.watermarks(topic, partition)
     return marks
 
 
-class LogRange(InputPartition):
-    """One Spark task: records ``[start, end)`` of one topic-partition."""
+def chosen_topics(opts: SourceOptions) -> list[tuple[Feed, str]]:
+    """The topics the source reads, with the feed (bus) each is on; a topic two feeds name is
+    read from the first."""
+    out: list[tuple[Feed, str]] = []
+    seen: set[str] = set()
+    for feed in opts.feeds:
+        bus = bus_for(feed.config_json)
+        existing = (t.name for t in bus.topics())
+        for topic in off.select_topics(existing, feed.topics, feed.pattern, feed.internal_topics):
+            if topic not in seen:
+                seen.add(topic)
+                out.append((feed, topic))
+    return out
 
-    def __init__(self, config_json: str, r: off.Range) -> None:
+
+class LogRange(InputPartition):
+    """One Spark task: records ``[start, end)`` of one topic-partition (on the bus of
+    ``feed``, or of ``config_json``)."""
+
+    def __init__(self, feed: Feed | str, r: off.Range) -> None:
         super().__init__(r)
-        self.config_json = config_json
+        self.config_json = feed if isinstance(feed, str) else feed.config_json
+        self.bus_name = "" if isinstance(feed, str) else feed.bus_name
         self.range = r
 
 
@@ -90,7 +104,8 @@ class LogRanges(InputPartition):
 def planned(opts: SourceOptions, ranges: Sequence[off.Range]) -> list[InputPartition]:
     """Spark's tasks for ``ranges``: one per range, or in the ``ranges`` layout one for all
     (reading a row per range is no work to spread)."""
-    parts = [LogRange(opts.config_json, r) for r in ranges]
+    feeds = {topic: feed for feed, topic in chosen_topics(opts)}
+    parts = [LogRange(feeds.get(r.topic, opts.feeds[0]), r) for r in ranges]
     if opts.layout == RANGES:
         return [LogRanges(parts)] if parts else []
     return list(parts)
@@ -103,7 +118,7 @@ def ranges_batch(opts: SourceOptions, parts: Sequence[LogRange]) -> Any:
     return pa.RecordBatch.from_pylist(
         [
             {
-                "bus": opts.bus_name,
+                "bus": p.bus_name,
                 "topic": p.range.topic,
                 "partition": p.range.partition,
                 "start": p.range.start,
