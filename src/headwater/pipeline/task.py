@@ -133,19 +133,26 @@ class Summary:
 
 # -- the input relation ---------------------------------------------------------------------
 def input_table(source: pa.Table, program: Program) -> pa.Table:
-    """The program's input for ``source`` rows (the source's layout)."""
+    """The program's input for ``source`` rows (the source's layout), chunk by chunk as they
+    came (no copy of the values)."""
     n = source.num_rows
-    value = _one_chunk(source.column("value"))
     names = sorted({*program.headers, *([context.TYPE] if program.protobuf else [])})
-    headers = header_values(_one_chunk(source.column("headers")), names)
-    columns: dict[str, pa.Array] = {
+    value = source.column("value")
+    texts, found = [], {name: [] for name in names}
+    for chunk in value.chunks:
+        texts.append(utf8_or_null(chunk))
+    for chunk in source.column("headers").chunks:
+        for name, values in header_values(chunk, names).items():
+            found[name].append(values)
+    headers = {name: pa.chunked_array(chunks, pa.string()) for name, chunks in found.items()}
+    columns: dict[str, pa.Array | pa.ChunkedArray] = {
         ROW: pa.array(np.arange(n, dtype=np.int64)),
         "value": value,
-        "topic": _one_chunk(source.column("topic")),
-        "partition": _one_chunk(source.column("partition")),
-        "offset": _one_chunk(source.column("offset")),
-        "timestamp": _one_chunk(source.column("timestamp")),
-        UTF8: utf8_or_null(value),
+        "topic": source.column("topic"),
+        "partition": source.column("partition"),
+        "offset": source.column("offset"),
+        "timestamp": source.column("timestamp"),
+        UTF8: pa.chunked_array(texts, pa.string()),
     }
     for name in program.headers:
         columns[header(name)] = headers[name]
@@ -153,14 +160,12 @@ def input_table(source: pa.Table, program: Program) -> pa.Table:
         from headwater.pipeline.steps.protobuf import MessageType, decode_values
 
         kinds = {t: MessageType.from_json(m) for t, m in program.protobuf.items()}
-        texts, errors = decode_values(value, headers[context.TYPE], kinds)
+        texts, errors = decode_values(
+            value.combine_chunks(), headers[context.TYPE].combine_chunks(), kinds
+        )
         columns[PROTO_JSON] = texts
         columns[PROTO_ERROR] = errors
     return pa.table(columns)
-
-
-def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
-    return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
 
 
 def header_values(headers: pa.Array, names: Iterable[str]) -> dict[str, pa.Array]:
@@ -209,15 +214,42 @@ _engines: dict[str, Any] = {}
 _engines_lock = threading.Lock()
 
 
-def engine(program: Program) -> Any:
-    """This process's DuckDB connection for the program's functions (one thread: Spark runs
-    a task per core; UTC, as every timestamp headwater writes)."""
+class Engine:
+    """A DuckDB connection with the program's functions (one thread: Spark runs a task per core;
+    UTC, as every timestamp headwater writes) and its queries prepared: a program's query takes
+    tens of milliseconds to plan, so each is planned once per process and run per chunk over
+    whatever ``hw_input`` holds then. One task at a time uses it (a Python worker runs one)."""
+
+    KEEP = 8  # prepared queries kept (a program changes when the knowledge widens)
+
+    def __init__(self, con: Any) -> None:
+        self.con = con
+        self.prepared: dict[str, str] = {}  # SQL -> statement name
+
+    def run(self, query: str, inp: pa.Table) -> pa.Table:
+        self.con.register(INPUT, inp)
+        try:
+            name = self.prepared.get(query)
+            if name is None:
+                name = f"hw_q{abs(hash(query)):x}"
+                self.con.execute(f"PREPARE {name} AS {query}")
+                self.prepared[query] = name
+                if len(self.prepared) > self.KEEP:
+                    oldest = next(iter(self.prepared))
+                    self.con.execute(f"DEALLOCATE {self.prepared.pop(oldest)}")
+            return self.con.sql(f"EXECUTE {name}").to_arrow_table()
+        finally:
+            self.con.unregister(INPUT)
+
+
+def engine(program: Program) -> Engine:
+    """This process's engine for the program's functions (made on first use)."""
     import duckdb
 
     key = f"{program.functions}|{program.geoip_database}"
     with _engines_lock:
-        con = _engines.get(key)
-        if con is None:
+        found = _engines.get(key)
+        if found is None:
             con = duckdb.connect()
             con.execute("SET threads = 1")
             con.execute("SET TimeZone = 'UTC'")
@@ -226,8 +258,8 @@ def engine(program: Program) -> Any:
                 from headwater.pipeline.steps import lookup
 
                 lookup.register(con, program.geoip_database)
-            _engines[key] = con
-        return con.cursor()
+            found = _engines[key] = Engine(con)
+        return found
 
 
 def warm() -> None:
@@ -240,21 +272,17 @@ def warm() -> None:
     duckdb.connect().execute("SELECT 1").fetchall()
 
 
-def run_query(con: Any, program: Program, inp: pa.Table) -> pa.Table:
+def run_query(engine: Engine, program: Program, inp: pa.Table) -> pa.Table:
     """The program over ``inp``; a chunk holding malformed JSON that looked like an object
     runs again with every event checked first."""
     import duckdb
 
-    con.register(INPUT, inp)
     try:
-        try:
-            return con.sql(program.sql).to_arrow_table()
-        except duckdb.InvalidInputException as exc:
-            if MALFORMED not in str(exc):
-                raise
-            return con.sql(program.guarded_sql).to_arrow_table()
-    finally:
-        con.unregister(INPUT)
+        return engine.run(program.sql, inp)
+    except duckdb.InvalidInputException as exc:
+        if MALFORMED not in str(exc):
+            raise
+        return engine.run(program.guarded_sql, inp)
 
 
 # -- a task's run -----------------------------------------------------------------------------
@@ -284,7 +312,7 @@ class TaskRun:
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
         self._buffers = TableBuffers(program.tables)
-        self._con = engine(program)
+        self._engine = engine(program)
 
     def add(self, batch: pa.RecordBatch) -> None:
         if not batch.num_rows:
@@ -314,7 +342,7 @@ class TaskRun:
         with timing.phase("input"):
             inp = input_table(source, self.program)
         with timing.phase("query"):
-            out = run_query(self._con, self.program, inp)
+            out = run_query(self._engine, self.program, inp)
         s = Summary(rows=out.num_rows)
         table = out.column(TABLE)
         error_valid = pc.is_valid(out.column(ERROR))
@@ -353,11 +381,7 @@ class TaskRun:
         for r, ts in by_table.items():
             s.leaves[r] = sh.infer_texts(ts)
         rows = inp.take(novel.column(ROW))
-        self._con.register(INPUT, rows)
-        try:
-            flags = self._con.sql(self.program.learn_sql).to_arrow_table().to_pylist()
-        finally:
-            self._con.unregister(INPUT)
+        flags = self._engine.run(self.program.learn_sql, rows).to_pylist()
         for row in flags:
             name = row.pop(LEARN_ROUTED) or ""
             paths = [tuple(p) for p in self.program.learn_fields]
