@@ -56,6 +56,7 @@ class BatchStats:
     skipped: int = 0
     novel: int = 0
     plans: int = 0
+    tasks: int = 0  # Spark tasks that staged rows (the batch's parallelism)
     tables: dict[str, int] = field(default_factory=dict)
     replayed_batch: bool = False
     seconds: float = 0.0
@@ -165,6 +166,7 @@ class DestinationWriter:
         else:
             stats.tables = dict(summary.tables)
             stats.written = sum(summary.tables.values())
+            stats.tasks = len({p.task for p in result.parts})
         stats.seconds = time.monotonic() - started
         self._done(stats)
 
