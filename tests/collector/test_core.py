@@ -19,7 +19,7 @@ from headwater.collector.admission import Admission
 from headwater.collector.auth import WriteKeys, hash_key, key_from_headers
 from headwater.collector.config import AdmissionConfig, CollectorConfig, SourceConfig
 from headwater.collector.errors import Code, Rejected
-from headwater.collector.events import EventIn, RequestContext, to_messages, uuid7_batch
+from headwater.collector.events import EventIn, RequestContext, Uuid7, to_messages
 from headwater.collector.limits import Connections
 from headwater.collector.metrics import Metrics
 from headwater.collector.publisher import Publisher
@@ -67,7 +67,9 @@ def test_connection_limits_total_and_per_identity() -> None:
 
 
 def test_uuid7_ids_are_unique_ordered_and_version_7() -> None:
-    ids = uuid7_batch(10_000, 1_700_000_000_000) + uuid7_batch(10, 1_700_000_000_000)
+    # a generator of its own: the process's one never goes back to an earlier millisecond
+    generator = Uuid7()
+    ids = generator.batch(10_000, 1_700_000_000_000) + generator.batch(10, 1_700_000_000_000)
     parsed = [uuid.UUID(i.decode()) for i in ids]
     assert len(set(ids)) == len(ids)
     assert ids == sorted(ids)

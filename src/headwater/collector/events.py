@@ -99,7 +99,7 @@ def _prefix(event_type: str, content_type: str) -> tuple[tuple[Header, ...], byt
 _ID_PREFIX = pack_header(context.EVENT_ID, bytes(36))[:-36]  # every UUID is 36 characters
 
 
-class _Uuid7:
+class Uuid7:
     """UUIDv7 (RFC 9562): 48-bit Unix ms, a 12-bit counter (monotonic within a millisecond),
     62 random bits. Ids from one process sort by creation."""
 
@@ -133,7 +133,7 @@ class _Uuid7:
         return out
 
 
-_UUID7 = _Uuid7()
+_UUID7 = Uuid7()
 
 
 def uuid7_batch(n: int, now_ms: int | None = None) -> list[bytes]:

@@ -16,8 +16,15 @@ entries are left out; the first value of a repeated key wins) and the peer's IP 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import unquote
+
+# gRPC's core installs fork handlers unless told not to. headwater up forks while its server
+# threads run (to start Spark's JVM), and there the handlers are skipped half-way ("other threads
+# are calling into gRPC"): seen on CI, the child then died before it could exec java. headwater
+# never uses gRPC in a forked child, so the handlers are off unless the environment says otherwise.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import grpc
 from grpc import aio

@@ -49,7 +49,10 @@ def archive_path(jars: str = "") -> Path | None:
         return None
     release = java.parent.parent / "release"
     stamp = release.read_text() if release.exists() else str(java.stat().st_mtime)
-    key = "\n".join([str(java), stamp, pyspark.__version__, jars])
+    # the jars' folder too: an archive made for another install's classpath is never used
+    key = "\n".join(
+        [str(java), stamp, pyspark.__version__, str(Path(pyspark.__file__).parent), jars]
+    )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_dir() / "jvm" / f"spark-{digest}.jsa"
 
@@ -63,7 +66,7 @@ def driver_options(jars: str = "") -> list[str]:
         return [*options, f"-XX:ArchiveClassesAtExit={making}"]
     archive = archive_path(jars)
     if archive is not None and archive.exists():
-        options += [f"-XX:SharedArchiveFile={archive}", "-Xshare:auto", "-Xlog:cds=off"]
+        options += [f"-XX:SharedArchiveFile={archive}", "-Xshare:auto", "-Xlog:cds*=off"]
     return options
 
 

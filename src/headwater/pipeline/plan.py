@@ -176,7 +176,7 @@ def plan(
     ]
     learn = _query(
         stages(decode.error(has_proto, True)),
-        f"{sql.ident(_ROUTE)} AS {sql.ident(LEARN_ROUTED)}, " + ", ".join(flags or ["true AS f"]),
+        ", ".join([f"{sql.ident(_ROUTE)} AS {sql.ident(LEARN_ROUTED)}", *flags]),
         where=f"{sql.ident(_DERR)} IS NULL GROUP BY 1",
     )
     headers = sorted(

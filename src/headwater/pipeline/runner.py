@@ -44,32 +44,15 @@ def source_frame(
     from headwater.pipeline.sink import FAILED_BUS, MAIN_BUS
     from headwater.pipeline.source import read_stream, uses_kafka_connector
 
+    topics = dest.topics
+    pattern = None if topics else dest.topic_pattern
+    limit = dest.max_records_per_trigger
+    replay = (failed_config(config), [replay_topic(dest.id)], FAILED_BUS)
     if not uses_kafka_connector(spark, config) and sources_in(checkpoint) in (None, 1):
-        return read_stream(
-            spark,
-            config,
-            topics=dest.topics,
-            pattern=None if dest.topics else dest.topic_pattern,
-            max_records_per_trigger=dest.max_records_per_trigger,
-            ranges_of=MAIN_BUS,
-            also=[(failed_config(config), [replay_topic(dest.id)], FAILED_BUS)],
-        )
-    main = read_stream(
-        spark,
-        config,
-        topics=dest.topics,
-        pattern=None if dest.topics else dest.topic_pattern,
-        max_records_per_trigger=dest.max_records_per_trigger,
-        ranges_of=MAIN_BUS,
-    )
-    replay = read_stream(
-        spark,
-        failed_config(config),
-        topics=[replay_topic(dest.id)],
-        max_records_per_trigger=dest.max_records_per_trigger,
-        ranges_of=FAILED_BUS,
-    )
-    return main.unionByName(replay)
+        return read_stream(spark, config, topics, pattern, limit, ranges_of=MAIN_BUS, also=[replay])
+    main = read_stream(spark, config, topics, pattern, limit, ranges_of=MAIN_BUS)
+    replayed = read_stream(spark, replay[0], replay[1], None, limit, ranges_of=FAILED_BUS)
+    return main.unionByName(replayed)
 
 
 def sources_in(checkpoint: Path) -> int | None:

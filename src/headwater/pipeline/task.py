@@ -19,9 +19,8 @@ No row is turned into Python objects except novel and failed ones.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +55,7 @@ from headwater.pipeline.program import (
     WRITE,
     Program,
 )
+from headwater.pipeline.timing import timed
 
 MALFORMED = "Malformed JSON"
 
@@ -72,13 +72,8 @@ class Summary:
     seen: dict[str, set[sh.Path]] = field(default_factory=dict)  # routed -> fields with values
     seconds: dict[str, float] = field(default_factory=dict)  # task time per phase, summed
 
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        return timed(self.seconds, name)
 
     def merge(self, other: Summary) -> None:
         self.rows += other.rows
@@ -385,7 +380,7 @@ class TaskRun:
         for row in flags:
             name = row.pop(LEARN_ROUTED) or ""
             paths = [tuple(p) for p in self.program.learn_fields]
-            seen = {paths[int(k[1:])] for k, v in row.items() if v and k != "f"}
+            seen = {paths[int(k[1:])] for k, v in row.items() if v}
             s.seen.setdefault(name, set()).update(seen)
 
     def _fail(

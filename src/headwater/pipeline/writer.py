@@ -23,8 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +33,7 @@ from headwater.errors import TransientError
 from headwater.pipeline.config import DestinationConfig
 from headwater.pipeline.plan import NULL_KEY, WRITE_STEP, BatchPlan, Knowledge, plan, widen_tables
 from headwater.pipeline.task import FAIL_ALL, FAIL_NOVEL, LEARN, Summary, TaskRun
+from headwater.pipeline.timing import timed
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -62,13 +62,8 @@ class BatchStats:
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase
 
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - started
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        return timed(self.phases, name)
 
 
 class DestinationWriter:
