@@ -151,7 +151,8 @@ class Destination(ABC):
         raise NotImplementedError(f"{self.kind} destinations cannot stage rows in tasks")
 
     def clean_staging(self, writer_id: str) -> None:
-        """Remove whatever staging a crashed run of ``writer_id`` left (a writer starting)."""
+        """Remove whatever staging of ``writer_id`` is left: by a crashed run (a writer starting),
+        or by task attempts that died with their executor (after a commit)."""
         raise NotImplementedError(f"{self.kind} destinations cannot stage rows in tasks")
 
     @abstractmethod

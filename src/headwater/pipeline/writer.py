@@ -162,6 +162,13 @@ class DestinationWriter:
             stats.tables = dict(summary.tables)
             stats.written = sum(summary.tables.values())
             stats.tasks = len({p.task for p in result.parts})
+            # a task attempt that died with its executor staged a part nobody committed: the
+            # batch is in, so whatever of this writer is still staged is such a leftover
+            with stats.phase("clean"):
+                try:
+                    destination.clean_staging(self.dest.id)
+                except Exception as exc:  # committed already: leftovers wait for the next start
+                    log.warning("destination %s: staging not cleaned: %s", self.dest.id, exc)
         stats.seconds = time.monotonic() - started
         self._done(stats)
 
@@ -216,7 +223,7 @@ class DestinationWriter:
             self.phases[name] = self.phases.get(name, 0.0) + seconds
         log.info(
             "destination %s batch %d: %d rows, %d written to %s, %d failed, %d skipped, "
-            "%d novel, %d plan(s) (%.2f s: %s)",
+            "%d novel, %d plan(s), %d task(s) (%.2f s: %s)",
             self.dest.id,
             stats.batch_id,
             stats.rows,
@@ -226,6 +233,7 @@ class DestinationWriter:
             stats.skipped,
             stats.novel,
             stats.plans,
+            stats.tasks,
             stats.seconds,
             ", ".join(f"{k} {v:.2f}" for k, v in stats.phases.items()),
         )
