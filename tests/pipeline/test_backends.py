@@ -8,7 +8,6 @@ DEVELOPERS.md), and single-record batches make that the log end."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,10 @@ from typing import Any
 import duckdb
 import pytest
 
-from headwater.bus import Message, open_bus
-from headwater.bus import context as ctx
+from headwater.bus import open_bus
 from headwater.config.model import HeadwaterConfig
 from headwater.pipeline.runner import Pipeline
+from headwater.testing.pipeline import track_message
 
 EVENTS = 1_200
 PARTITIONS = 4
@@ -46,20 +45,7 @@ def config(request: pytest.FixtureRequest, tmp_path: Path) -> HeadwaterConfig:
 def fill(config: HeadwaterConfig, topic: str) -> None:
     with open_bus(config) as bus:
         bus.create_topic(topic, PARTITIONS)
-        messages = [
-            Message(
-                json.dumps({"n": i, "user": {"id": f"u{i % 7}"}, "price": i * 0.5}).encode(),
-                key=f"k{i}".encode(),
-                headers=(
-                    (ctx.CONTENT_TYPE, b"application/json"),
-                    (ctx.TYPE, b"track"),
-                    (ctx.EVENT_ID, f"ev-{i}".encode()),
-                    (ctx.RECEIVED_AT, b"2024-05-01T12:00:00.000Z"),
-                    (ctx.PROTOCOL, b"raccoon-ws"),
-                ),
-            )
-            for i in range(EVENTS)
-        ]
+        messages = [track_message(i) for i in range(EVENTS)]
         step = 1 if config.bus.backend == "kafka" else 500
         for start in range(0, EVENTS, step):
             bus.append(topic, messages[start : start + step]).result(timeout=30)

@@ -10,7 +10,6 @@ elsewhere, the driver commits the batch once, and each event is in each destinat
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import signal
@@ -29,10 +28,10 @@ import psycopg
 import pytest
 import yaml
 
-from headwater.bus import Message, open_bus
-from headwater.bus import context as ctx
+from headwater.bus import open_bus
 from headwater.config.model import HeadwaterConfig
 from headwater.destinations.postgres.client import STAGING_SCHEMA
+from headwater.testing.pipeline import track_message
 from headwater.testing.postgres import PostgresService
 from headwater.testing.spark_cluster import SparkCluster, start_spark_cluster
 
@@ -96,19 +95,7 @@ def fill(config: HeadwaterConfig) -> None:
     with open_bus(config) as bus:
         bus.create_topic(TOPIC, PARTITIONS)
         for start in range(0, EVENTS, 50_000):
-            messages = [
-                Message(
-                    json.dumps({"n": i, "user": {"id": f"u{i % 97}"}, "price": i * 0.5}).encode(),
-                    key=f"k{i}".encode(),
-                    headers=(
-                        (ctx.CONTENT_TYPE, b"application/json"),
-                        (ctx.TYPE, b"track"),
-                        (ctx.EVENT_ID, f"ev-{i}".encode()),
-                        (ctx.RECEIVED_AT, b"2024-05-01T12:00:00.000Z"),
-                    ),
-                )
-                for i in range(start, start + 50_000)
-            ]
+            messages = [track_message(i) for i in range(start, start + 50_000)]
             bus.append(TOPIC, messages).result(timeout=60)
 
 

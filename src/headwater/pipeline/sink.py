@@ -61,6 +61,7 @@ if TYPE_CHECKING:  # the rest is imported where it is used: the processes in whi
 log = logging.getLogger(__name__)
 
 SINK_NAME = "headwater_sink"
+WARM_OPTION = "warm"  # set: the writer does nothing (see WarmWriter)
 MAIN_BUS, FAILED_BUS = "main", "failed"  # the buses ranges of records are on
 
 _destinations: dict[tuple[str, str], Destination] = {}
@@ -141,8 +142,23 @@ class HeadwaterSink(DataSource):
     def name(cls) -> str:
         return SINK_NAME
 
-    def writer(self, schema: StructType, overwrite: bool) -> SinkWriter:
+    def writer(self, schema: StructType, overwrite: bool) -> _Writer:
+        if WARM_OPTION in self.options:
+            return WarmWriter()
         return SinkWriter(SinkOptions.parse(self.options))
+
+
+class WarmWriter(_Writer):  # type: ignore[misc,valid-type]
+    """Writes and commits nothing: a job through it starts the Python processes that plan,
+    run and commit the sink's writes before the first batch needs them (``spark.warm_workers``)."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        for _ in iterator:
+            pass
+        return WriterCommitMessage()
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+        pass
 
 
 class SinkWriter(_Writer):  # type: ignore[misc,valid-type]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from headwater.bus import context
+from headwater.bus import Message, context
 from headwater.bus.arrow import ARROW_SCHEMA
 
 SOURCE_SCHEMA = (
@@ -20,6 +20,22 @@ SOURCE_SCHEMA = (
     "timestampType int, headers array<struct<key:string,value:binary>>"
 )
 EPOCH_2024 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+
+def track_message(i: int) -> Message:
+    """The ``i``-th of a run of small ``track`` events as a collector puts them on the log
+    (event id ``ev-<i>``, keyed ``k<i>``, received 2024-05-01 12:00 UTC)."""
+    return Message(
+        json.dumps({"n": i, "user": {"id": f"u{i % 7}"}, "price": i * 0.5}).encode(),
+        key=f"k{i}".encode(),
+        headers=(
+            (context.CONTENT_TYPE, b"application/json"),
+            (context.TYPE, b"track"),
+            (context.EVENT_ID, f"ev-{i}".encode()),
+            (context.RECEIVED_AT, b"2024-05-01T12:00:00.000Z"),
+            (context.PROTOCOL, b"raccoon-ws"),
+        ),
+    )
 
 
 def event_row(

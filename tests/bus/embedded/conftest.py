@@ -9,6 +9,7 @@ from headwater.bus.embedded.backend import EmbeddedBus
 from headwater.bus.embedded.config import EmbeddedBusConfig
 
 OpenLog = Callable[..., EmbeddedBus]
+FlipByte = Callable[[Path, int], None]
 
 
 @pytest.fixture
@@ -24,3 +25,17 @@ def open_log(tmp_path: Path) -> Iterator[OpenLog]:
     yield _open
     for bus in opened:
         bus.close()
+
+
+@pytest.fixture
+def flip_byte() -> FlipByte:
+    """Damage a log file as a bad disk would: one bit of the byte at ``offset`` flipped."""
+
+    def _flip(path: Path, offset: int) -> None:
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            byte = f.read(1)
+            f.seek(offset)
+            f.write(bytes([byte[0] ^ 0x01]))
+
+    return _flip

@@ -88,16 +88,14 @@ def test_a_read_only_reader_stops_before_a_torn_tail(open_log: OpenLog, tmp_path
     assert _same_as_read(reader, 0, 100) == 50
 
 
-def test_a_corrupt_batch_raises_as_read_does(open_log: OpenLog, tmp_path: Path) -> None:
+def test_a_corrupt_batch_raises_as_read_does(
+    open_log: OpenLog, tmp_path: Path, flip_byte: Callable[[Path, int], None]
+) -> None:
     bus = open_log(default_partitions=1, segment_bytes=4096)
     _fill(bus, 60, 10)
     bus.close()
     closed = _segments(tmp_path)[1]
-    with open(closed, "r+b") as f:
-        f.seek(200)
-        byte = f.read(1)
-        f.seek(200)
-        f.write(bytes([byte[0] ^ 0x01]))
+    flip_byte(closed, 200)
     bus = open_log(default_partitions=1, segment_bytes=4096)
     first_of_closed = int(closed.stem)
     assert _same_as_read(bus, 0, first_of_closed, first_of_closed) == first_of_closed

@@ -85,17 +85,13 @@ def test_corruption_before_the_tail_names_file_and_position(
 
 
 def test_flipped_byte_in_closed_segment_is_reported_on_read(
-    open_log: OpenLog, tmp_path: Path
+    open_log: OpenLog, tmp_path: Path, flip_byte: Callable[[Path, int], None]
 ) -> None:
     bus = open_log(default_partitions=1, segment_bytes=4096)
     _fill(bus, 60)
     bus.close()
     closed = _segments(tmp_path)[1]
-    with open(closed, "r+b") as f:
-        f.seek(200)
-        byte = f.read(1)
-        f.seek(200)
-        f.write(bytes([byte[0] ^ 0x01]))
+    flip_byte(closed, 200)
     bus = open_log(default_partitions=1, segment_bytes=4096)
     first_of_closed = int(closed.stem)
     before = bus.read("t", 0, 0, max_records=first_of_closed)
