@@ -491,6 +491,7 @@ class TreeRss:
     def __init__(self, interval: float = 0.2, root: int | None = None) -> None:
         self.peak = 0
         self.peak_pss = 0  # proportional set size: shared pages (forked workers) counted once
+        self.at_peak: list[tuple[str, int]] = []  # (process, RSS) at the peak, largest first
         self._root = root if root is not None else os.getpid()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -512,8 +513,30 @@ class TreeRss:
 
     def _sample(self) -> None:
         pids = tree_pids(self._root)
-        self.peak = max(self.peak, sum(_rss(pid) for pid in pids))
+        sizes = [(pid, _rss(pid)) for pid in pids]
+        total = sum(size for _, size in sizes)
+        if total > self.peak:
+            self.peak = total
+            named = [(process_name(pid), size) for pid, size in sizes if size]
+            self.at_peak = sorted(named, key=lambda n: -n[1])
         self.peak_pss = max(self.peak_pss, sum(_pss(pid) for pid in pids))
+
+
+def process_name(pid: int) -> str:
+    """What a process is, in a few words: ``java`` for a JVM, the module of ``python -m``
+    (with its first argument: PySpark's daemons name their worker module), else the command."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return "?"
+    if not argv:
+        return "?"
+    if os.path.basename(argv[0]) == "java":
+        return "java"
+    if "-m" in argv[:-1]:
+        return " ".join(argv[argv.index("-m") + 1 :][:2])
+    return " ".join(os.path.basename(a) for a in argv[:2])
 
 
 def tree_pids(root: int) -> list[int]:

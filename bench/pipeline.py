@@ -198,6 +198,19 @@ def fill_log(config: HeadwaterConfig, n: int, ndjson: Path | None = None) -> Non
             out.close()
 
 
+def fill_log_elsewhere(config: HeadwaterConfig, n: int, ndjson: Path) -> None:
+    """``fill_log`` in a child process: what making a million events leaves in a heap is not
+    the pipeline's memory, and this process is the measured driver."""
+    code = (
+        "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); import pipeline; "
+        "from headwater.config.model import HeadwaterConfig as C; "
+        "pipeline.fill_log(C.model_validate_json(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))"
+    )
+    here = str(Path(__file__).resolve().parent)
+    command = [sys.executable, "-c", code, here, config.model_dump_json(), str(n), str(ndjson)]
+    subprocess.run(command, check=True)
+
+
 # -- reading what landed --------------------------------------------------------------------------
 def landed_duckdb(path: Path) -> dict[str, int]:
     import duckdb
@@ -264,6 +277,7 @@ def run_batch(
         "events_per_s": n / seconds,
         "peak_rss_bytes": rss.peak,
         "peak_pss_bytes": rss.peak_pss,
+        "rss_at_peak": [[name, size] for name, size in rss.at_peak],
         **result,
         "exactly_once": result["rows"] == n and result["distinct_ids"] == n,
         "batches": getattr(writer, "batches", None),
@@ -605,7 +619,7 @@ def main() -> None:
                 progress(
                     f"appending {args.events:,} events to the embedded log (and {ndjson.name})"
                 )
-                fill_log(batch_config, args.events, ndjson)
+                fill_log_elsewhere(batch_config, args.events, ndjson)
                 out["batch"] = run_batch(
                     spark,
                     root / "batch",
@@ -764,6 +778,13 @@ def report(out: dict[str, Any]) -> None:
                 f"where the {c['destination']} batch time goes (s, summed over "
                 f"{c['batches']} micro-batches): "
                 + ", ".join(f"{k} {v:.1f}" for k, v in c["phases_s"].items())
+            )
+    for key in ("batch", "postgres"):
+        c = out.get(key)
+        if c and c.get("rss_at_peak"):
+            print(
+                f"who held the {c['destination']} peak (RSS MiB): "
+                + ", ".join(f"{n} {size / 2**20:,.0f}" for n, size in c["rss_at_peak"])
             )
     f = out.get("fixed")
     if f:

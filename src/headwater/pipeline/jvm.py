@@ -21,6 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+# The heap of a JVM that only plans and schedules: the serial collector (G1's own structures
+# took ~50 MB) and a heap that starts small and grows as needed (the default first heap is 1/64 of
+# the machine's memory, and G1 kept what it had: the JVM held 430-550 MB, now ~350)
+HEAP_OPTIONS = ("-XX:+UseSerialGC", "-Xms64m")
 ARCHIVE_ENV = "HEADWATER_JVM_ARCHIVE"  # set: the JVM writes its loaded classes there at exit
 CACHE_ENV = "HEADWATER_CACHE"
 
@@ -60,7 +64,7 @@ def archive_path(jars: str = "") -> Path | None:
 def driver_options(jars: str = "") -> list[str]:
     """JVM options for a local-mode driver: C1 only, and the archive when there is one (or,
     with ``HEADWATER_JVM_ARCHIVE`` set, write one there at exit)."""
-    options = ["-XX:TieredStopAtLevel=1"]
+    options = ["-XX:TieredStopAtLevel=1", *HEAP_OPTIONS]
     making = os.environ.get(ARCHIVE_ENV)
     if making:
         return [*options, f"-XX:ArchiveClassesAtExit={making}"]

@@ -166,6 +166,14 @@ class SinkWriter(_Writer):  # type: ignore[misc,valid-type]
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedMessage:
+        from headwater.pipeline.task import release_memory
+
+        try:
+            return self._write(iterator)
+        finally:
+            release_memory()  # the worker idles until its next task: small meanwhile
+
+    def _write(self, iterator: Iterator[pa.RecordBatch]) -> StagedMessage:
         from headwater.config.model import HeadwaterConfig
         from headwater.pipeline.failed import FailedStore
         from headwater.pipeline.task import TaskRun
@@ -204,6 +212,7 @@ class SinkWriter(_Writer):  # type: ignore[misc,valid-type]
                 run.add(batch)
             summary = run.finish()
         except BaseException:
+            run.close()
             if dest is not None and staged:
                 with contextlib.suppress(Exception):  # the failure below is the one to report
                     dest.discard_staged(opts.destination, opts.batch_id, staged)

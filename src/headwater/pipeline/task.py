@@ -3,8 +3,9 @@
 A task receives its share of the micro-batch as Arrow record batches in the source's layout.
 ``TaskRun`` gathers them into chunks of ``CHUNK_ROWS`` rows, turns each chunk into the program's
 input relation (the record headers it reads as columns, the value as UTF-8 text where it is
-that, protobuf payloads decoded), runs the program's query in DuckDB (one connection per Python
-worker and program, one thread: Spark runs a task per core), and hands on what came out:
+that, protobuf payloads decoded), runs the program's query in DuckDB (a connection per task,
+the query prepared once for all its chunks; one thread: Spark runs a task per core), and hands
+on what came out:
 
 - the rows of each target table, in chunks (``on_rows``: the sink stages them);
 - the rows a step failed (``on_failed``: the failed store), except novel ones, whose failure
@@ -18,7 +19,7 @@ No row is turned into Python objects except novel and failed ones.
 
 from __future__ import annotations
 
-import threading
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -204,21 +205,46 @@ def utf8_or_null(values: pa.Array, *, replace: bool = False) -> pa.Array:
     return pa.array(out, pa.string())
 
 
+# -- memory ---------------------------------------------------------------------------------
+def release_memory() -> None:
+    """Hand what the process freed back to the system (after a task: a Python worker then
+    waits, idle, for the next one, while the driver commits)."""
+    pa.default_memory_pool().release_unused()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (None elsewhere: other C libraries have no such call)."""
+    import ctypes
+
+    return getattr(ctypes.CDLL(None), "malloc_trim", None)
+
+
 # -- the engine -----------------------------------------------------------------------------
-_engines: dict[str, Any] = {}
-_engines_lock = threading.Lock()
-
-
 class Engine:
-    """A DuckDB connection with the program's functions (one thread: Spark runs a task per core;
-    UTC, as every timestamp headwater writes) and its queries prepared: a program's query takes
-    tens of milliseconds to plan, so each is planned once per process and run per chunk over
-    whatever ``hw_input`` holds then. One task at a time uses it (a Python worker runs one)."""
+    """A task's DuckDB connection with the program's functions (one thread: Spark runs a task
+    per core; UTC, as every timestamp headwater writes) and its queries prepared: a program's
+    query takes tens of milliseconds to plan, so each is planned once per task and run per
+    chunk over whatever ``hw_input`` holds then. Closed when the task ends: a connection that
+    ran queries holds tens of MB, which the Python worker would keep while it idles."""
 
-    KEEP = 8  # prepared queries kept (a program changes when the knowledge widens)
+    def __init__(self, program: Program) -> None:
+        import duckdb
 
-    def __init__(self, con: Any) -> None:
-        self.con = con
+        # Arrow allocates through the C library, whose freed memory release_memory can hand
+        # back; its default, mimalloc, kept freed pages (an idle worker held ~400 MB, now ~220)
+        pa.set_memory_pool(pa.system_memory_pool())
+        self.con = duckdb.connect()
+        self.con.execute("SET threads = 1")
+        self.con.execute("SET TimeZone = 'UTC'")
+        self.con.execute("SET memory_limit = '256MB'")  # results leave as Arrow; little stays
+        if program.functions:
+            from headwater.pipeline.steps import lookup
+
+            lookup.register(self.con, program.geoip_database)
         self.prepared: dict[str, str] = {}  # SQL -> statement name
 
     def run(self, query: str, inp: pa.Table) -> pa.Table:
@@ -226,35 +252,15 @@ class Engine:
         try:
             name = self.prepared.get(query)
             if name is None:
-                name = f"hw_q{abs(hash(query)):x}"
+                name = f"hw_q{len(self.prepared)}"
                 self.con.execute(f"PREPARE {name} AS {query}")
                 self.prepared[query] = name
-                if len(self.prepared) > self.KEEP:
-                    oldest = next(iter(self.prepared))
-                    self.con.execute(f"DEALLOCATE {self.prepared.pop(oldest)}")
             return self.con.sql(f"EXECUTE {name}").to_arrow_table()
         finally:
             self.con.unregister(INPUT)
 
-
-def engine(program: Program) -> Engine:
-    """This process's engine for the program's functions (made on first use)."""
-    import duckdb
-
-    key = f"{program.functions}|{program.geoip_database}"
-    with _engines_lock:
-        found = _engines.get(key)
-        if found is None:
-            con = duckdb.connect()
-            con.execute("SET threads = 1")
-            con.execute("SET TimeZone = 'UTC'")
-            con.execute("SET memory_limit = '256MB'")  # results leave as Arrow; little stays
-            if program.functions:
-                from headwater.pipeline.steps import lookup
-
-                lookup.register(con, program.geoip_database)
-            found = _engines[key] = Engine(con)
-        return found
+    def close(self) -> None:
+        self.con.close()
 
 
 def warm() -> None:
@@ -307,7 +313,7 @@ class TaskRun:
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
         self._buffers = TableBuffers(program.tables)
-        self._engine = engine(program)
+        self._engine: Engine | None = None  # opened by the first chunk, closed by finish
 
     def add(self, batch: pa.RecordBatch) -> None:
         if not batch.num_rows:
@@ -318,13 +324,28 @@ class TaskRun:
             self._run_pending()
 
     def finish(self) -> Summary:
-        if self._pending:
-            self._run_pending()
-        rest = self._buffers.take(0)
-        if rest and self.on_rows is not None:
-            with self.summary.phase("stage"):
-                self.on_rows(rest)
-        return self.summary
+        try:
+            if self._pending:
+                self._run_pending()
+            rest = self._buffers.take(0)
+            if rest and self.on_rows is not None:
+                with self.summary.phase("stage"):
+                    self.on_rows(rest)
+            return self.summary
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Let go of the engine (``finish`` does; a run given up on calls it)."""
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = Engine(self.program)
+        return self._engine
 
     def _run_pending(self) -> None:
         source = pa.Table.from_batches(self._pending)
@@ -337,7 +358,7 @@ class TaskRun:
         with timing.phase("input"):
             inp = input_table(source, self.program)
         with timing.phase("query"):
-            out = run_query(self._engine, self.program, inp)
+            out = run_query(self.engine, self.program, inp)
         s = Summary(rows=out.num_rows)
         table = out.column(TABLE)
         error_valid = pc.is_valid(out.column(ERROR))
@@ -376,7 +397,7 @@ class TaskRun:
         for r, ts in by_table.items():
             s.leaves[r] = sh.infer_texts(ts)
         rows = inp.take(novel.column(ROW))
-        flags = self._engine.run(self.program.learn_sql, rows).to_pylist()
+        flags = self.engine.run(self.program.learn_sql, rows).to_pylist()
         for row in flags:
             name = row.pop(LEARN_ROUTED) or ""
             paths = [tuple(p) for p in self.program.learn_fields]

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 SOURCE_NAME = "headwater"
 RANGES_SCHEMA_DDL = "bus string, topic string, partition int, start long, end long"
-CHUNK = 32_768  # records per bus read (the bus sizes the Arrow batches it returns)
+CHUNK = 8_192  # records per bus read (the bus sizes the Arrow batches it returns)
 
 _buses: dict[str, Bus] = {}
 _buses_lock = threading.Lock()
