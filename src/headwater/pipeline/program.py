@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 LEARN_ROUTED = "routed"
-CHUNK_ROWS = 8_192  # rows per query: 32k ran no faster and held 130 MB more per task
+CHUNK_ROWS = 8_192  # rows per output batch and staged part of a task's query (its memory)
 
 # what a task's run does with its rows
 WRITE = "write"  # stage the tables' rows, fail the failed ones (not novel)

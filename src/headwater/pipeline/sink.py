@@ -203,16 +203,8 @@ class SinkWriter(_Writer):  # type: ignore[misc,valid-type]
             failure=opts.failure,
         )
         try:
-            batches = records(iterator, opts.config_json)
-            while True:
-                with run.summary.phase("read"):  # the log, or Spark (the source, the JVM)
-                    batch = next(batches, None)
-                if batch is None:
-                    break
-                run.add(batch)
-            summary = run.finish()
+            summary = run.run(records(iterator, opts.config_json))
         except BaseException:
-            run.close()
             if dest is not None and staged:
                 with contextlib.suppress(Exception):  # the failure below is the one to report
                     dest.discard_staged(opts.destination, opts.batch_id, staged)

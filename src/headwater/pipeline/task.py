@@ -1,13 +1,13 @@
 """Running a batch's program inside a Spark task (or in-process, on a sample), over Arrow.
 
 A task receives its share of the micro-batch as Arrow record batches in the source's layout.
-``TaskRun`` gathers them into chunks of ``CHUNK_ROWS`` rows, turns each chunk into the program's
-input relation (the record headers it reads as columns, the value as UTF-8 text where it is
-that, protobuf payloads decoded), runs the program's query in DuckDB (a connection per task,
-the query prepared once for all its chunks; one thread: Spark runs a task per core), and hands
-on what came out:
+``TaskRun`` runs the program's query over all of them in DuckDB (a connection per task, one
+thread: Spark runs a task per core): each batch is turned into the program's input relation
+(the record headers it reads as columns, the value as UTF-8 text where it is that, protobuf
+payloads decoded) as the query reads it, and the output comes back in batches of ``CHUNK_ROWS``
+rows and is handed on:
 
-- the rows of each target table, in chunks (``on_rows``: the sink stages them);
+- the rows of each target table, in parts of ``CHUNK_ROWS`` (``on_rows``: the sink stages them);
 - the rows a step failed (``on_failed``: the failed store), except novel ones, whose failure
   may be undone by learning (the writer decides about those once the batch is planned for good);
 - a ``Summary``: row counts per table, failures, and for novel rows what they hold: per routed
@@ -20,8 +20,10 @@ No row is turned into Python objects except novel and failed ones.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,9 +130,9 @@ class Summary:
 
 
 # -- the input relation ---------------------------------------------------------------------
-def input_table(source: pa.Table, program: Program) -> pa.Table:
+def input_table(source: pa.Table, program: Program, first: int = 0) -> pa.Table:
     """The program's input for ``source`` rows (the source's layout), chunk by chunk as they
-    came (no copy of the values)."""
+    came (no copy of the values), numbered (``ROW``) from ``first``."""
     n = source.num_rows
     names = sorted({*program.headers, *([context.TYPE] if program.protobuf else [])})
     value = source.column("value")
@@ -142,7 +144,7 @@ def input_table(source: pa.Table, program: Program) -> pa.Table:
             found[name].append(values)
     headers = {name: pa.chunked_array(chunks, pa.string()) for name, chunks in found.items()}
     columns: dict[str, pa.Array | pa.ChunkedArray] = {
-        ROW: pa.array(np.arange(n, dtype=np.int64)),
+        ROW: pa.array(np.arange(first, first + n, dtype=np.int64)),
         "value": value,
         "topic": source.column("topic"),
         "partition": source.column("partition"),
@@ -226,10 +228,11 @@ def _malloc_trim() -> Callable[[int], int] | None:
 # -- the engine -----------------------------------------------------------------------------
 class Engine:
     """A task's DuckDB connection with the program's functions (one thread: Spark runs a task
-    per core; UTC, as every timestamp headwater writes) and its queries prepared: a program's
-    query takes tens of milliseconds to plan, so each is planned once per task and run per
-    chunk over whatever ``hw_input`` holds then. Closed when the task ends: a connection that
-    ran queries holds tens of MB, which the Python worker would keep while it idles."""
+    per core; UTC, as every timestamp headwater writes). The task's rows go through the program
+    as one query (planning a program's query takes tens of milliseconds: once per task, not per
+    chunk) that reads its input as a stream and hands its output on in batches; small queries
+    over a few rows (learning) run beside it on a second cursor. Closed when the task ends: a
+    connection that ran queries holds tens of MB, which an idle Python worker would keep."""
 
     def __init__(self, program: Program) -> None:
         import duckdb
@@ -245,21 +248,32 @@ class Engine:
             from headwater.pipeline.steps import lookup
 
             lookup.register(self.con, program.geoip_database)
-        self.prepared: dict[str, str] = {}  # SQL -> statement name
+        self._aside: Any = None
 
-    def run(self, query: str, inp: pa.Table) -> pa.Table:
-        self.con.register(INPUT, inp)
+    def stream(
+        self, query: str, rows: pa.RecordBatchReader, batch_rows: int
+    ) -> Iterator[pa.RecordBatch]:
+        """``query`` over ``rows`` (read as the query needs them), in batches of at most
+        ``batch_rows``, in the order of the input (one thread, no step reorders)."""
+        self.con.register(INPUT, rows)
         try:
-            name = self.prepared.get(query)
-            if name is None:
-                name = f"hw_q{len(self.prepared)}"
-                self.con.execute(f"PREPARE {name} AS {query}")
-                self.prepared[query] = name
-            return self.con.sql(f"EXECUTE {name}").to_arrow_table()
+            yield from self.con.sql(query).to_arrow_reader(batch_rows)
         finally:
             self.con.unregister(INPUT)
 
+    def run(self, query: str, inp: pa.Table) -> pa.Table:
+        """``query`` over ``inp``, whole, beside a stream that may be running."""
+        if self._aside is None:
+            self._aside = self.con.cursor()
+        self._aside.register(INPUT, inp)
+        try:
+            return self._aside.sql(query).to_arrow_table()
+        finally:
+            self._aside.unregister(INPUT)
+
     def close(self) -> None:
+        if self._aside is not None:
+            self._aside.close()
         self.con.close()
 
 
@@ -273,22 +287,17 @@ def warm() -> None:
     duckdb.connect().execute("SELECT 1").fetchall()
 
 
-def run_query(engine: Engine, program: Program, inp: pa.Table) -> pa.Table:
-    """The program over ``inp``; a chunk holding malformed JSON that looked like an object
-    runs again with every event checked first."""
-    import duckdb
-
-    try:
-        return engine.run(program.sql, inp)
-    except duckdb.InvalidInputException as exc:
-        if MALFORMED not in str(exc):
-            raise
-        return engine.run(program.guarded_sql, inp)
-
-
 # -- a task's run -----------------------------------------------------------------------------
 class TaskRun:
-    """One task's rows through the program (``add`` each Arrow batch, then ``finish``)."""
+    """One task's rows through the program: ``run(batches)`` (Arrow batches in the source's
+    layout) returns the ``Summary``.
+
+    The rows stream through one query: DuckDB pulls the input batches as it needs them (each
+    turned into the program's input as it is read) and the output comes back in batches of
+    ``chunk_rows``, handled as they come: the failed and novel rows need their input rows, so
+    the input batches are held until the output has passed them (a few batches). A query that
+    meets malformed JSON that looked like an object stops; the rows it had not answered go on
+    through the guarded query, which checks every event first."""
 
     def __init__(
         self,
@@ -310,55 +319,53 @@ class TaskRun:
         self.chunk_rows = chunk_rows
         self.failure = failure  # FAIL_ALL: (step, code, reason)
         self.summary = Summary()
-        self._pending: list[pa.RecordBatch] = []
-        self._pending_rows = 0
         self._buffers = TableBuffers(program.tables)
-        self._engine: Engine | None = None  # opened by the first chunk, closed by finish
+        self._held: deque[_Held] = deque()  # input batches not yet fully answered, in order
+        self._answered = 0  # the rows before this one have come out of the query
 
-    def add(self, batch: pa.RecordBatch) -> None:
-        if not batch.num_rows:
-            return
-        self._pending.append(batch)
-        self._pending_rows += batch.num_rows
-        if self._pending_rows >= self.chunk_rows:
-            self._run_pending()
-
-    def finish(self) -> Summary:
+    def run(self, batches: Iterable[pa.RecordBatch]) -> Summary:
+        inputs = _Inputs(self, iter(batches))
+        engine = Engine(self.program)
         try:
-            if self._pending:
-                self._run_pending()
+            try:
+                self._stream(engine, self.program.sql, inputs)
+            except Exception as exc:  # DuckDB's, as Arrow's stream reader passes it on
+                if MALFORMED not in str(exc) or inputs.error is not None:
+                    raise
+                unanswered = [h.after(self._answered) for h in self._held]
+                self._held = deque(unanswered)
+                inputs.again([h.inp for h in unanswered])
+                self._stream(engine, self.program.guarded_sql, inputs)
             rest = self._buffers.take(0)
             if rest and self.on_rows is not None:
                 with self.summary.phase("stage"):
                     self.on_rows(rest)
             return self.summary
         finally:
-            self.close()
+            engine.close()
 
-    def close(self) -> None:
-        """Let go of the engine (``finish`` does; a run given up on calls it)."""
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
+    def _stream(self, engine: Engine, query: str, inputs: _Inputs) -> None:
+        first = inputs.peek()
+        if first is None:
+            return
+        reader = pa.RecordBatchReader.from_batches(first.schema, inputs)
+        results = engine.stream(query, reader, self.chunk_rows)
+        while True:
+            with inputs.excluded(self.summary, "query"):  # the reading it caused is not query
+                try:
+                    out = next(results, None)
+                except Exception as exc:
+                    if inputs.error is not None:  # reading failed: that is what to report
+                        raise inputs.error from exc
+                    raise
+            if out is None:
+                return
+            self._answer(pa.Table.from_batches([out]), engine)
 
-    @property
-    def engine(self) -> Engine:
-        if self._engine is None:
-            self._engine = Engine(self.program)
-        return self._engine
-
-    def _run_pending(self) -> None:
-        source = pa.Table.from_batches(self._pending)
-        self._pending = []
-        self._pending_rows = 0
-        self._chunk(source)
-
-    def _chunk(self, source: pa.Table) -> None:
-        timing = self.summary
-        with timing.phase("input"):
-            inp = input_table(source, self.program)
-        with timing.phase("query"):
-            out = run_query(self.engine, self.program, inp)
+    def _answer(self, out: pa.Table, engine: Engine) -> None:
+        """Handle a batch of the query's output."""
+        if not out.num_rows:
+            return
         s = Summary(rows=out.num_rows)
         table = out.column(TABLE)
         error_valid = pc.is_valid(out.column(ERROR))
@@ -372,22 +379,31 @@ class TaskRun:
         s.novel = _count(novel)
         s.novel_failed = _count(pc.and_(novel, error_valid))
         if s.novel and self.mode in (WRITE, LEARN):
-            with timing.phase("learn"):
-                self._learn(out.filter(novel), inp, s)
+            with self.summary.phase("learn"):
+                self._learn(out.filter(novel), engine, s)
         if self.mode == WRITE:
-            self._fail(source, out.filter(pc.and_(error_valid, pc.invert(novel))))
+            self._fail(out.filter(pc.and_(error_valid, pc.invert(novel))))
             self._buffers.add(out.filter(routed_ok))
             full = self._buffers.take(self.chunk_rows)
             if full and self.on_rows is not None:
-                with timing.phase("stage"):
+                with self.summary.phase("stage"):
                     self.on_rows(full)
         elif self.mode == FAIL_NOVEL:
-            self._fail(source, out.filter(pc.and_(error_valid, novel)))
+            self._fail(out.filter(pc.and_(error_valid, novel)))
         elif self.mode == FAIL_ALL:
-            self._fail(source, out.filter(routed_ok), self.failure)
+            self._fail(out.filter(routed_ok), self.failure)
         self.summary.merge(s)
+        self._answered = int(pc.max(out.column(ROW)).as_py()) + 1
+        while self._held and self._held[0].end <= self._answered:
+            self._held.popleft()
 
-    def _learn(self, novel: pa.Table, inp: pa.Table, s: Summary) -> None:
+    def _held_rows(self, rows: pa.ChunkedArray | pa.Array, which: str) -> pa.Table:
+        """The held input (``inp``) or source (``source``) rows numbered ``rows``."""
+        held = list(self._held)
+        whole = pa.Table.from_batches([getattr(h, which) for h in held])
+        return whole.take(pc.subtract(rows, held[0].first))
+
+    def _learn(self, novel: pa.Table, engine: Engine, s: Summary) -> None:
         routed = novel.column(ROUTED).to_pylist()
         texts = novel.column(JSON_TEXT).to_pylist()
         by_table: dict[str, list[str]] = {}
@@ -396,20 +412,18 @@ class TaskRun:
                 by_table.setdefault(r or "", []).append(t)
         for r, ts in by_table.items():
             s.leaves[r] = sh.infer_texts(ts)
-        rows = inp.take(novel.column(ROW))
-        flags = self.engine.run(self.program.learn_sql, rows).to_pylist()
+        rows = self._held_rows(novel.column(ROW), "inp")
+        flags = engine.run(self.program.learn_sql, rows).to_pylist()
         for row in flags:
             name = row.pop(LEARN_ROUTED) or ""
             paths = [tuple(p) for p in self.program.learn_fields]
             seen = {paths[int(k[1:])] for k, v in row.items() if v}
             s.seen.setdefault(name, set()).update(seen)
 
-    def _fail(
-        self, source: pa.Table, failed: pa.Table, why: tuple[str, str, str] | None = None
-    ) -> None:
+    def _fail(self, failed: pa.Table, why: tuple[str, str, str] | None = None) -> None:
         if not failed.num_rows or self.on_failed is None:
             return
-        records = source.take(failed.column(ROW)).to_pylist()
+        records = self._held_rows(failed.column(ROW), "source").to_pylist()
         errors = failed.column(ERROR).to_pylist()
         at = now_iso()
         events = []
@@ -417,6 +431,97 @@ class TaskRun:
             step, code, reason = why or (error["step"], error["code"], error["reason"])
             events.append(failed_event(self.destination, record, step, code, reason or "", at))
         self.on_failed(events)
+
+
+@dataclass(frozen=True)
+class _Held:
+    """An input batch the query has read: its records and the program's input for them."""
+
+    first: int  # the number (ROW) of its first row
+    source: pa.RecordBatch
+    inp: pa.RecordBatch
+
+    @property
+    def end(self) -> int:
+        return self.first + self.inp.num_rows
+
+    def after(self, row: int) -> _Held:
+        """The rows from ``row`` on."""
+        skip = min(max(row - self.first, 0), self.inp.num_rows)
+        return _Held(self.first + skip, self.source.slice(skip), self.inp.slice(skip))
+
+
+class _Inputs:
+    """The query's input batches, made from the task's source batches as the query reads them
+    (each held by the run until answered). An iterator without ``close``: a query that stops
+    early leaves the rest of the task's batches unread, for the next query."""
+
+    def __init__(self, run: TaskRun, batches: Iterator[pa.RecordBatch]) -> None:
+        self.run = run
+        self.batches = batches
+        self.next_row = 0
+        self.ready: deque[pa.RecordBatch] = deque()  # made, not yet read by the query
+        self.schema: pa.Schema | None = None
+        self.spent = 0.0  # seconds spent reading and making input
+        self.error: BaseException | None = None  # what reading raised (DuckDB reports its own)
+
+    def __iter__(self) -> _Inputs:
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        if not self.ready:
+            self._make()
+        if not self.ready:
+            raise StopIteration
+        return self.ready.popleft()
+
+    def peek(self) -> pa.RecordBatch | None:
+        if not self.ready:
+            self._make()
+        return self.ready[0] if self.ready else None
+
+    def again(self, batches: list[pa.RecordBatch]) -> None:
+        """Read ``batches`` (made before) first."""
+        self.ready.extendleft(reversed([b for b in batches if b.num_rows]))
+
+    @contextmanager
+    def excluded(self, summary: Summary, phase: str) -> Iterator[None]:
+        """Time the block as ``phase``, less the reading and making of input done inside it."""
+        started, spent = time.perf_counter(), self.spent
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - started - (self.spent - spent)
+            summary.seconds[phase] = summary.seconds.get(phase, 0.0) + elapsed
+
+    def _make(self) -> None:
+        summary = self.run.summary
+        started = time.perf_counter()
+        try:
+            while not self.ready:
+                with summary.phase("read"):  # the log, or Spark (the source, the JVM)
+                    source = next(self.batches, None)
+                if source is None:
+                    return
+                if not source.num_rows:
+                    continue
+                with summary.phase("input"):
+                    table = input_table(
+                        pa.Table.from_batches([source]), self.run.program, self.next_row
+                    )
+                    inp = table.combine_chunks().to_batches()[0]
+                    if self.schema is None:
+                        self.schema = inp.schema
+                    elif inp.schema != self.schema:
+                        inp = inp.cast(self.schema)
+                self.run._held.append(_Held(self.next_row, source, inp))
+                self.next_row += source.num_rows
+                self.ready.append(inp)
+        except BaseException as exc:
+            self.error = exc
+            raise
+        finally:
+            self.spent += time.perf_counter() - started
 
 
 def failed_event(

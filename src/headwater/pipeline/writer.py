@@ -186,10 +186,7 @@ class DestinationWriter:
         if not sample:
             return
         for _ in range(2):  # the shape, then what the planned fields hold per table
-            run = TaskRun(self.plan().program, self.dest.id, LEARN)
-            for batch in sample:
-                run.add(batch)
-            summary: Summary = run.finish()
+            summary: Summary = TaskRun(self.plan().program, self.dest.id, LEARN).run(sample)
             if not self.knowledge.learn(summary.leaves, summary.seen, self.dest):
                 break
         self.knowledge.save(self.knowledge_path)

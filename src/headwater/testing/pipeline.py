@@ -132,10 +132,7 @@ def process(
     try:
         for _ in range(4):
             program = plan(known, dest_config, destination, config.pipeline).program
-            learn = TaskRun(program, dest_config.id, LEARN)
-            for b in source.to_batches():
-                learn.add(b)
-            found = learn.finish()
+            found = TaskRun(program, dest_config.id, LEARN).run(source.to_batches())
             if not known.learn(found.leaves, found.seen, dest_config):
                 break
         out = Processed(knowledge=known)
@@ -147,9 +144,7 @@ def process(
                 parts.setdefault(name, []).append(rows)
 
         run = TaskRun(out.plan.program, dest_config.id, WRITE, on_rows, out.failed.extend)
-        for b in source.to_batches():
-            run.add(b)
-        out.summary = run.finish()
+        out.summary = run.run(source.to_batches())
         for name, ps in parts.items():
             rows = pa.concat_tables(ps).sort_by("_hw_order").drop_columns(["_hw_order"])
             out.tables[name] = rows.to_pylist()
