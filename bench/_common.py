@@ -22,13 +22,19 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from headwater.testing.kafka import KafkaCluster
 
 MB = 1_000_000  # throughput figures are in decimal megabytes (10^6 bytes) per second
 MiB = 1 << 20
+# The JVM of the Apache Kafka brokers the benchmarks start (headwater.testing.kafka): the
+# broker's usual collector, C2 on (the tests' default is a small C1-only JVM)
+KAFKA_JVM = ("-Xms256m", "-Xmx1g", "-XX:+UseG1GC")
 
 
 # -- progress and output ----------------------------------------------------------------------
@@ -482,17 +488,45 @@ def py_spy_record_pid(
         return ""
 
 
+# -- an Apache Kafka broker for the Kafka cases ------------------------------------------------
+def kafka_broker() -> contextlib.AbstractContextManager[KafkaCluster]:
+    """One Apache Kafka broker (KRaft, on loopback, JVM ``KAFKA_JVM``), started as the tests
+    start it (``headwater.testing.kafka``) and stopped, its data removed, when the block ends.
+    It is a child of this process: leave it out of a ``TreeRss`` (``exclude``)."""
+    from headwater.maven import KAFKA_VERSION
+    from headwater.testing.kafka import start_kafka
+
+    progress(f"starting Apache Kafka {KAFKA_VERSION}: one broker (KRaft) on loopback")
+    return start_kafka(1, jvm_options=KAFKA_JVM)
+
+
+def broker_figures(kafka: KafkaCluster) -> dict[str, Any]:
+    """What a run reports of the broker: its version, JVM and peak RSS (VmHWM) so far."""
+    from headwater.maven import KAFKA_VERSION
+
+    return {
+        "kafka_version": KAFKA_VERSION,
+        "brokers": len(kafka.nodes),
+        "jvm_options": list(KAFKA_JVM),
+        "peak_rss_bytes": peak_rss(kafka.process.pid),
+    }
+
+
 # -- memory of a process tree -------------------------------------------------------------------
 class TreeRss:
     """Samples the summed RSS of a process and all its descendants (default: this process),
     keeping the peak: Spark's memory is mostly in the JVM and the Python workers, children of
-    the driver, so one process's RSS would miss most of it."""
+    the driver, so one process's RSS would miss most of it. ``exclude``: processes left out
+    with their descendants (a service the benchmark started, such as a Kafka broker)."""
 
-    def __init__(self, interval: float = 0.2, root: int | None = None) -> None:
+    def __init__(
+        self, interval: float = 0.2, root: int | None = None, exclude: Collection[int] = ()
+    ) -> None:
         self.peak = 0
         self.peak_pss = 0  # proportional set size: shared pages (forked workers) counted once
         self.at_peak: list[tuple[str, int]] = []  # (process, RSS) at the peak, largest first
         self._root = root if root is not None else os.getpid()
+        self._exclude = frozenset(exclude)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._interval = interval
@@ -512,7 +546,7 @@ class TreeRss:
             self._sample()
 
     def _sample(self) -> None:
-        pids = tree_pids(self._root)
+        pids = tree_pids(self._root, self._exclude)
         sizes = [(pid, _rss(pid)) for pid in pids]
         total = sum(size for _, size in sizes)
         if total > self.peak:
@@ -539,8 +573,9 @@ def process_name(pid: int) -> str:
     return " ".join(os.path.basename(a) for a in argv[:2])
 
 
-def tree_pids(root: int) -> list[int]:
-    """``root`` and every process descended from it, from /proc."""
+def tree_pids(root: int, exclude: Collection[int] = ()) -> list[int]:
+    """``root`` and every process descended from it, from /proc, but for ``exclude`` and
+    their descendants."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -554,9 +589,17 @@ def tree_pids(root: int) -> list[int]:
     out, todo = [], [root]
     while todo:
         pid = todo.pop()
+        if pid in exclude:
+            continue
         out.append(pid)
         todo.extend(children.get(pid, []))
     return out
+
+
+def peak_rss(pid: int) -> int | None:
+    """The highest RSS ``pid`` has had so far (``VmHWM``), in bytes; None when it is gone."""
+    found = _first_line_with(f"/proc/{pid}/status", "VmHWM")
+    return int(found.split()[0]) * 1024 if found else None
 
 
 def _rss(pid: int) -> int:

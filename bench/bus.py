@@ -17,7 +17,9 @@ so the log and the disk reference share a filesystem):
   durability policy, with 1, 16 and 64 concurrent appenders (asyncio tasks awaiting
   ``asyncio.wrap_future(bus.append(...))``, as the collector calls it), 64 OS threads under
   ``always``, and 64 appenders over a 4-partition topic; then reading a topic back;
-* the Kafka backend against the local test broker (Tansu, in memory).
+* the Kafka backend against Apache Kafka (KRaft, on loopback): one broker with the default
+  flush policy, one broker fsyncing every append, and three brokers (replication factor 3,
+  ``min.insync.replicas`` 2), all with acks=all.
 
 Targets: ``always`` appends with 64 appenders reach at least 50% of the raw disk MB/s, and reads
 reach at least 1M records/s. A miss is profiled (cProfile on every thread, and py-spy when it is
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
+    KAFKA_JVM,
     MB,
     AllThreadsProfile,
     Meter,
@@ -65,6 +68,7 @@ from headwater.bus.embedded.config import EmbeddedBusConfig
 from headwater.bus.embedded.segment import Segment
 from headwater.bus.errors import BusUnavailable
 from headwater.bus.records import Message
+from headwater.maven import KAFKA_VERSION
 
 RECORD_BYTES = 200
 BATCH_RECORDS = 100
@@ -386,7 +390,7 @@ def measure_appends(
     batch: list[Message],
     disk_bytes: int,
     syncs: SyncCounter | None = None,
-    broker_pid: int | None = None,
+    broker_pids: Sequence[int] = (),
 ) -> tuple[AppendFigure, str]:
     """One append case on a fresh topic; returns the figure and the topic's name."""
     topic = re.sub(r"[^A-Za-z0-9._-]", "-", f"bench-{policy}-{appenders}-{mode}-{partitions}p")
@@ -400,11 +404,11 @@ def measure_appends(
         return asyncio.run(_append_tasks(bus, topic, batch, appenders, span, syncs))
 
     run(warmup)
-    broker0 = _process_cpu_s(broker_pid)
+    broker0 = _process_cpu_s(broker_pids)
     window = run(seconds)
     broker_cores = None
-    if broker_pid is not None:
-        broker_cores = (_process_cpu_s(broker_pid) - broker0) / window.meter.wall_s
+    if broker_pids:
+        broker_cores = (_process_cpu_s(broker_pids) - broker0) / window.meter.wall_s
     figure = AppendFigure(
         backend=backend,
         policy=policy,
@@ -430,16 +434,17 @@ def measure_appends(
     return figure, topic
 
 
-def _process_cpu_s(pid: int | None) -> float:
-    """CPU seconds (user + system) another process has used so far, from /proc."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
+def _process_cpu_s(pids: Sequence[int]) -> float:
+    """CPU seconds (user + system) other processes have used so far, from /proc."""
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 def read_topic(
@@ -473,11 +478,11 @@ def measure_read(
     *,
     min_seconds: float,
     max_seconds: float,
-    broker_pid: int | None = None,
+    broker_pids: Sequence[int] = (),
 ) -> ReadFigure:
     os.sync()  # no writeback of the appends competing with the read
     meter = Meter()
-    broker0 = _process_cpu_s(broker_pid)
+    broker0 = _process_cpu_s(broker_pids)
     meter.start()
     records, _, whole = read_topic(bus, topic, 0, min_seconds=min_seconds, max_seconds=max_seconds)
     meter.stop()
@@ -491,7 +496,7 @@ def measure_read(
         whole_topic=whole,
         process_cores=meter.process_cores,
         broker_cores=(
-            (_process_cpu_s(broker_pid) - broker0) / meter.wall_s if broker_pid else None
+            (_process_cpu_s(broker_pids) - broker0) / meter.wall_s if broker_pids else None
         ),
     )
     progress(
@@ -825,59 +830,74 @@ def disk_phase(run: Run) -> None:
             figure.ratio_to_mirror = figure.disk_mb_s / mirror.mb_s
 
 
+# The Kafka clusters measured: (label, brokers, log.flush.interval.messages). Kafka
+# acknowledges acks=all once every in-sync replica has the records in its page cache; by
+# default it never fsyncs before that (durability from replication). "flush=1" makes each
+# broker fsync every append before it acknowledges, the embedded log's "always".
+KAFKA_CLUSTERS = (
+    ("1 broker, flush by the OS", 1, None),
+    ("1 broker, flush=1", 1, 1),
+    ("3 brokers, RF 3, min ISR 2, flush by the OS", 3, None),
+)
+
+
 def kafka_phase(run: Run) -> None:
-    progress("kafka backend against the local test broker (Tansu, in memory)")
     try:
         from headwater.bus.config import BusConfig
         from headwater.bus.kafka.backend import KafkaBus
         from headwater.bus.kafka.config import KafkaBusConfig
         from headwater.config.model import HeadwaterConfig
-        from headwater.testing.broker import start_broker
+        from headwater.testing.kafka import start_kafka
     except ImportError as e:
         run.kafka_error = f"the kafka backend could not be imported: {e}"
         progress(run.kafka_error)
         return
-    try:
-        with start_broker() as broker:
-            config = HeadwaterConfig(
-                bus=BusConfig(
-                    backend="kafka",
-                    kafka=KafkaBusConfig(
-                        bootstrap_servers=broker.bootstrap_servers, default_partitions=1
-                    ),
-                )
-            )
-            pid = broker.process.pid
-            with KafkaBus.from_config(config) as bus:
-                topic = ""
-                for appenders in (1, 64):
-                    figure, topic = measure_appends(
-                        bus,
+    for label, brokers, flush in KAFKA_CLUSTERS:
+        progress(f"kafka backend against Apache Kafka: {label}")
+        try:
+            with start_kafka(brokers, flush_messages=flush, jvm_options=KAFKA_JVM) as kafka:
+                config = HeadwaterConfig(
+                    bus=BusConfig(
                         backend="kafka",
-                        policy="acks=all",
-                        appenders=appenders,
-                        mode="asyncio",
-                        partitions=1,
-                        seconds=run.seconds,
-                        warmup=run.warmup,
-                        batch=run.batch,
-                        disk_bytes=run.disk_bytes,
-                        broker_pid=pid,
-                    )
-                    run.appends.append(figure)
-                run.reads.append(
-                    measure_read(
-                        bus,
-                        "kafka",
-                        topic,
-                        min_seconds=0.0,
-                        max_seconds=run.seconds * 2,
-                        broker_pid=pid,
+                        kafka=KafkaBusConfig(
+                            bootstrap_servers=kafka.bootstrap_servers,
+                            default_partitions=1,
+                            replication_factor=min(3, brokers),
+                        ),
                     )
                 )
-    except Exception as e:  # report it and keep the embedded figures
-        run.kafka_error = f"{type(e).__name__}: {e}"
-        progress(f"kafka phase failed: {run.kafka_error}")
+                pids = [n.process.pid for n in kafka.nodes if n.process is not None]
+                with KafkaBus.from_config(config) as bus:
+                    topic = ""
+                    for appenders in (1, 64):
+                        figure, topic = measure_appends(
+                            bus,
+                            backend="kafka",
+                            policy=f"acks=all; {label}",
+                            appenders=appenders,
+                            mode="asyncio",
+                            partitions=1,
+                            seconds=run.seconds,
+                            warmup=run.warmup,
+                            batch=run.batch,
+                            disk_bytes=run.disk_bytes,
+                            broker_pids=pids,
+                        )
+                        run.appends.append(figure)
+                    if brokers == 1 and flush is None:
+                        run.reads.append(
+                            measure_read(
+                                bus,
+                                "kafka",
+                                topic,
+                                min_seconds=0.0,
+                                max_seconds=run.seconds * 2,
+                                broker_pids=pids,
+                            )
+                        )
+        except Exception as e:  # report it and keep the other figures
+            run.kafka_error = f"{label}: {type(e).__name__}: {e}"
+            progress(f"kafka phase failed: {run.kafka_error}")
 
 
 def _primary(run: Run) -> AppendFigure | None:
@@ -1024,8 +1044,11 @@ def report(run: Run, markdown: bool = False) -> str:
         out.append(f"kafka: not measured: {run.kafka_error}")
     else:
         out.append(
-            "kafka: the test broker (Tansu) keeps its data in memory, so its figures are not a "
-            "durable-disk comparison, and it shares the 2 cores with this process."
+            "kafka: Apache Kafka "
+            f"{KAFKA_VERSION} in KRaft mode on loopback, sharing the 2 cores with this process "
+            "(broker cores in the table); acks=all. 'flush by the OS': the broker's default "
+            "log.flush policy (no fsync before the ack; durability from replication); "
+            "'flush=1': log.flush.interval.messages=1, an fsync per append before the ack."
         )
     out += ["", "targets:"]
     out += [f"  {t.verdict()}" for t in run.targets]

@@ -7,6 +7,8 @@ extra into this venv when dlt is missing)::
     .venv/bin/python bench/pipeline.py --events 20000 --skip-stream --skip-postgres   # quick
     .venv/bin/python bench/pipeline.py --skip-batch --stream-seconds 60   # stream only
     .venv/bin/python bench/pipeline.py --format json
+    .venv/bin/python bench/pipeline.py --bus kafka              # the batch case from Kafka too
+    .venv/bin/python bench/pipeline.py --bus kafka --events 20000   # quick
 
 What it measures, in one run, on the same ``--events`` clickstream events (nested objects,
 20-40 fields, some type drift: a price that is an integer, a float or text; a flag that is a
@@ -40,6 +42,21 @@ with the context headers the collector writes), Spark ``local[2]`` (issue 8):
    rate with p95 under the limit.
 
 Each target of issue 8 is printed next to its figure, met or missed, with the command run.
+
+``--bus kafka`` (default ``embedded``: everything above) measures the batch DuckDB case read
+from Apache Kafka, against the same case on the embedded log in the same run: one Apache Kafka
+broker (``headwater.testing.kafka``, KRaft on loopback, JVM ``_common.KAFKA_JVM``: G1, C2 on),
+Spark built with its Kafka connector (``spark_session(..., kafka=True)``), the same events
+appended once to topic ``events-track`` (2 partitions, the same headers) on the broker and on
+the embedded log, each path warmed up first (on Kafka from a topic of its own,
+``events-warmup``: the Kafka destinations name their topic, the broker's topics being shared
+by every run on it), then the embedded log's run and Kafka's (``bus.backend: kafka``: Spark's
+Kafka connector reads the records). Figures: each run's events/s, peak RSS of the process tree
+and rows landed, and the ratio Kafka / embedded log, with the target (within 20%: >= 0.8x). The
+broker is a child of this process but not the pipeline's: it is left out of the tree's RSS, and
+its own peak RSS (VmHWM over its life: warm-up, fill and both runs) is printed apart. Nothing
+else runs in that mode (PostgreSQL, naive PySpark, dlt, the 1/4-size batches, fixed cost and
+stream mode measure the embedded log alone: a default run has them).
 """
 
 from __future__ import annotations
@@ -55,16 +72,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from _common import (
     TreeRss,
     bench_directory,
+    broker_figures,
     emit_json,
     fmt_number,
+    kafka_broker,
     machine_info,
     percentile,
     print_table,
@@ -74,7 +93,12 @@ from headwater.bus import Message, open_bus
 from headwater.bus import context as ctx
 from headwater.config.model import HeadwaterConfig
 
+if TYPE_CHECKING:
+    from headwater.testing.kafka import KafkaCluster
+
 TOPIC = "events-track"
+WARMUP_TOPIC = "events-warmup"  # --bus kafka: the warm-up's topic on the broker the runs share
+KAFKA_TARGET = 0.8  # --bus kafka: events/s from Kafka within 20% of the embedded log's
 REPO = Path(__file__).resolve().parent.parent
 ID_COLUMN = "eventn_ctx_event_id"  # the collector's event id header, as the pipeline lands it
 # new rows since the last poll (rows are only appended, so rowids grow; a rowid filter is cheap)
@@ -165,49 +189,75 @@ def config_for(
     mode: str,
     destinations: Iterable[dict[str, Any]] = ({"id": "warehouse", "type": "duckdb"},),
     trigger_s: float = 1.0,
+    bus: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A config document (validate it with HeadwaterConfig, or write it for the CLI)."""
+    """A config document (validate it with HeadwaterConfig, or write it for the CLI); ``bus``:
+    its ``bus`` section (default: an embedded log in ``directory``)."""
     common = {"mode": mode, "trigger_interval_s": trigger_s}
+    if bus is None:
+        bus = {"embedded": {"durability": "never", "default_partitions": 2}}
     return {
         "data_dir": str(directory),
-        "bus": {"embedded": {"durability": "never", "default_partitions": 2}},
+        "bus": bus,
         "pipeline": {"destinations": [{**common, **d} for d in destinations]},
     }
 
 
-def fill_log(config: HeadwaterConfig, n: int, ndjson: Path | None = None) -> None:
-    """Append ``n`` events to the log; with ``ndjson``, also write their JSON there, a line each
-    (the references' input: the very bytes headwater reads)."""
-    out = ndjson.open("wb") if ndjson is not None else None
-    try:
-        with open_bus(config) as bus:
-            bus.create_topic(TOPIC, 2)
-            chunk: list[Message] = []
-            for m in messages(n):
-                chunk.append(m)
-                if out is not None:
-                    out.write(m.value + b"\n")
-                if len(chunk) == 1000:
-                    bus.append(TOPIC, chunk).result()
-                    chunk = []
+def kafka_bus(kafka: KafkaCluster) -> dict[str, Any]:
+    """The ``bus`` section of a config on ``kafka``, topics of 2 partitions as on the log."""
+    settings = {"bootstrap_servers": kafka.bootstrap_servers, "default_partitions": 2}
+    return {"backend": "kafka", "kafka": settings}
+
+
+def kafka_destination(dest: dict[str, Any], directory: Path, topic: str) -> dict[str, Any]:
+    """``dest`` (DuckDB) writing into ``directory`` and reading ``topic`` by name: unlike the
+    embedded logs, one per data dir, a broker's topics are shared by every run on it."""
+    return {**dest, "path": str(directory / "duck.duckdb"), "topics": [topic]}
+
+
+def from_label(bus: dict[str, Any] | None) -> str:
+    """How a case names where it read: nothing for the embedded log (the default)."""
+    return " from Kafka" if bus is not None and bus.get("backend") == "kafka" else ""
+
+
+def fill_log(
+    configs: Sequence[HeadwaterConfig], n: int, ndjson: Path | None = None, topic: str = TOPIC
+) -> None:
+    """Append the same ``n`` events to ``topic`` (2 partitions) on the bus of each of
+    ``configs``; with ``ndjson``, also write their JSON there, a line each (the references'
+    input: the very bytes headwater reads)."""
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(ndjson.open("wb")) if ndjson is not None else None
+        buses = [stack.enter_context(open_bus(config)) for config in configs]
+        for bus in buses:
+            bus.create_topic(topic, 2)
+        chunk: list[Message] = []
+        for m in messages(n):
+            chunk.append(m)
+            if out is not None:
+                out.write(m.value + b"\n")
+            if len(chunk) == 1000:
+                for bus in buses:
+                    bus.append(topic, chunk).result()
+                chunk = []
+        for bus in buses:
             if chunk:
-                bus.append(TOPIC, chunk).result()
+                bus.append(topic, chunk).result()
             bus.flush()
-    finally:
-        if out is not None:
-            out.close()
 
 
-def fill_log_elsewhere(config: HeadwaterConfig, n: int, ndjson: Path) -> None:
+def fill_log_elsewhere(configs: Sequence[HeadwaterConfig], n: int, ndjson: Path | None) -> None:
     """``fill_log`` in a child process: what making a million events leaves in a heap is not
     the pipeline's memory, and this process is the measured driver."""
     code = (
         "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); import pipeline; "
         "from headwater.config.model import HeadwaterConfig as C; "
-        "pipeline.fill_log(C.model_validate_json(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))"
+        "pipeline.fill_log([C.model_validate_json(c) for c in sys.argv[4:]], int(sys.argv[2]), "
+        "Path(sys.argv[3]) if sys.argv[3] else None)"
     )
     here = str(Path(__file__).resolve().parent)
-    command = [sys.executable, "-c", code, here, config.model_dump_json(), str(n), str(ndjson)]
+    command = [sys.executable, "-c", code, here, str(n), str(ndjson or "")]
+    command += [config.model_dump_json() for config in configs]
     subprocess.run(command, check=True)
 
 
@@ -237,14 +287,21 @@ def landed_postgres(dsn: str) -> dict[str, int]:
 
 
 # -- the cases ------------------------------------------------------------------------------------
-def warm_up(spark: Any, directory: Path, destinations: list[dict[str, Any]]) -> None:
+def warm_up(
+    spark: Any,
+    directory: Path,
+    destinations: list[dict[str, Any]],
+    bus: dict[str, Any] | None = None,
+    topic: str = TOPIC,
+) -> None:
     """A small run of every destination measured, so the timed runs find Spark's code compiled
     and its JVM warm (a cold start is the fixed-cost case's business)."""
     from headwater.pipeline.runner import Pipeline
 
-    config = HeadwaterConfig.model_validate(config_for(directory, "batch", destinations))
-    progress(f"warm-up: {WARMUP_EVENTS:,} events into {', '.join(d['id'] for d in destinations)}")
-    fill_log(config, WARMUP_EVENTS)
+    config = HeadwaterConfig.model_validate(config_for(directory, "batch", destinations, bus=bus))
+    names = ", ".join(d["id"] for d in destinations)
+    progress(f"warm-up: {WARMUP_EVENTS:,} events into {names}{from_label(bus)}")
+    fill_log([config], WARMUP_EVENTS, topic=topic)
     pipeline = Pipeline(config, spark)
     pipeline.run_once()
     for q in pipeline.queries:
@@ -257,13 +314,19 @@ def run_batch(
     n: int,
     destination: dict[str, Any],
     landed: Callable[[], dict[str, int]],
+    *,
+    bus: dict[str, Any] | None = None,
+    exclude: Collection[int] = (),
 ) -> dict[str, Any]:
+    """One batch run; ``bus``: the ``bus`` section it reads (default: the embedded log in
+    ``directory``); ``exclude``: processes (a broker) left out of the peak RSS of the tree."""
     from headwater.pipeline.runner import Pipeline
 
-    config = HeadwaterConfig.model_validate(config_for(directory, "batch", [destination]))
+    config = HeadwaterConfig.model_validate(config_for(directory, "batch", [destination], bus=bus))
     pipeline = Pipeline(config, spark)
-    progress(f"batch mode: {n:,} events into {destination['type']} with Trigger.AvailableNow")
-    with TreeRss() as rss:
+    name = destination["type"] + from_label(bus)
+    progress(f"batch mode: {n:,} events into {name} with Trigger.AvailableNow")
+    with TreeRss(exclude=exclude) as rss:
         t0 = time.perf_counter()
         pipeline.run_once()
         seconds = time.perf_counter() - t0
@@ -271,7 +334,7 @@ def run_batch(
     writer.close()
     result = landed()
     return {
-        "destination": destination["type"],
+        "destination": name,
         "events": n,
         "seconds": seconds,
         "events_per_s": n / seconds,
@@ -353,7 +416,7 @@ def run_fixed(directory: Path, n: int) -> dict[str, Any]:
     """``headwater pipeline --once`` as a user runs it: the CLI, a cold JVM, ``n`` events."""
     document = config_for(directory, "batch")
     config = HeadwaterConfig.model_validate(document)
-    fill_log(config, n)
+    fill_log([config], n)
     path = directory / "headwater.yaml"
     path.write_text(json.dumps(document, indent=2))  # JSON is YAML
     command = [str(Path(sys.executable).parent / "headwater"), "pipeline", "--once"]
@@ -541,6 +604,16 @@ def maybe_postgres(wanted: bool) -> Iterator[Any]:
         yield service
 
 
+@contextlib.contextmanager
+def maybe_kafka(wanted: bool) -> Iterator[KafkaCluster | None]:
+    """A throwaway Apache Kafka broker (headwater.testing's, on the benchmarks' JVM), or None."""
+    if not wanted:
+        yield None
+        return
+    with kafka_broker() as kafka:
+        yield kafka
+
+
 # -- the run --------------------------------------------------------------------------------------
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -583,10 +656,22 @@ def main() -> None:
     parser.add_argument("--skip-dlt", action="store_true")
     parser.add_argument("--skip-fixed", action="store_true")
     parser.add_argument("--skip-stream", action="store_true")
+    parser.add_argument(
+        "--bus",
+        choices=["embedded", "kafka"],
+        default="embedded",
+        help="kafka: the batch DuckDB case read from an Apache Kafka broker through Spark's "
+        "Kafka connector, and in the same run from the embedded log (nothing else)",
+    )
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--format", choices=["text", "json"], default="text")
     args = parser.parse_args()
+    if args.bus == "kafka":  # the comparison alone: the other cases read the embedded log only
+        if args.skip_batch:
+            parser.error("--bus kafka measures the batch mode: drop --skip-batch")
+        args.skip_postgres = args.skip_naive = args.skip_dlt = args.skip_small_batches = True
+        args.skip_fixed = args.skip_stream = True
 
     from headwater.pipeline.config import SparkConfig
     from headwater.pipeline.spark import spark_session
@@ -602,9 +687,15 @@ def main() -> None:
         "machine": machine_info(root),
     }
     try:
-        with maybe_postgres(not args.skip_batch and not args.skip_postgres) as pg:
-            progress("starting Spark (local[2])")
-            spark = spark_session(SparkConfig(master="local[2]"), app_name="headwater-bench")
+        with (
+            maybe_postgres(not args.skip_batch and not args.skip_postgres) as pg,
+            maybe_kafka(args.bus == "kafka") as kafka,
+        ):
+            connector = " with Spark's Kafka connector" if kafka is not None else ""
+            progress(f"starting Spark (local[2]){connector}")
+            spark = spark_session(
+                SparkConfig(master="local[2]"), app_name="headwater-bench", kafka=kafka is not None
+            )
             if not args.skip_batch:
                 duck = {"id": "duck", "type": "duckdb", "path": str(root / "batch" / "duck.duckdb")}
                 dests = [duck]
@@ -614,19 +705,42 @@ def main() -> None:
                 if pg is not None:  # its own database: the measured run's table starts empty
                     warm.append({"id": "pg", "type": "postgres", "dsn": scratch_database(pg.dsn)})
                 warm_up(spark, root / "warmup", warm)
-                ndjson = root / "events.ndjson"
-                batch_config = HeadwaterConfig.model_validate(config_for(root / "batch", "batch"))
+                fill = [HeadwaterConfig.model_validate(config_for(root / "batch", "batch"))]
+                ndjson: Path | None = root / "events.ndjson"
+                broker: list[int] = []  # a child of this process, not part of the pipeline
+                if kafka is not None:
+                    bus = kafka_bus(kafka)
+                    broker.append(kafka.process.pid)
+                    from_kafka = kafka_destination(duck, root / "kafka", TOPIC)
+                    warm_kafka = kafka_destination(duck, root / "warmup-kafka", WARMUP_TOPIC)
+                    warm_up(spark, root / "warmup-kafka", [warm_kafka], bus, WARMUP_TOPIC)
+                    kafka_config = config_for(root / "kafka", "batch", [from_kafka], bus=bus)
+                    fill.append(HeadwaterConfig.model_validate(kafka_config))
+                    ndjson = None  # no references to feed
                 progress(
-                    f"appending {args.events:,} events to the embedded log (and {ndjson.name})"
+                    f"appending {args.events:,} events to the embedded log "
+                    + (f"(and {ndjson.name})" if ndjson is not None else "and to Kafka")
                 )
-                fill_log_elsewhere(batch_config, args.events, ndjson)
+                fill_log_elsewhere(fill, args.events, ndjson)
                 out["batch"] = run_batch(
                     spark,
                     root / "batch",
                     args.events,
                     duck,
                     lambda: landed_duckdb(Path(duck["path"])),
+                    exclude=broker,
                 )
+                if kafka is not None:  # the same events, the same query, read from Kafka
+                    out["kafka"] = run_batch(
+                        spark,
+                        root / "kafka",
+                        args.events,
+                        from_kafka,
+                        lambda: landed_duckdb(Path(from_kafka["path"])),
+                        bus=bus,
+                        exclude=broker,
+                    )
+                    out["broker"] = broker_figures(kafka)
                 if not args.skip_small_batches:  # the same events, micro-batches of 1/4 the size
                     small = {
                         **duck,
@@ -649,9 +763,9 @@ def main() -> None:
                         dests[1],
                         lambda: landed_postgres(pg.dsn),
                     )
-                if not args.skip_naive:
+                if not args.skip_naive and ndjson is not None:
                     out["naive"] = run_naive(root / "naive", ndjson)
-                if not args.skip_dlt:
+                if not args.skip_dlt and ndjson is not None:
                     out["dlt"] = run_dlt(root / "dlt", ndjson, args.events)
         if not args.skip_fixed:
             out["fixed"] = run_fixed(root / "fixed", args.fixed_events)
@@ -678,7 +792,7 @@ def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"target": target, "figure": figure, "met": met})
 
     b, p, n = out.get("batch"), out.get("postgres"), out.get("naive")
-    small = out.get("small_batches")
+    small, k = out.get("small_batches"), out.get("kafka")
     if b:
         add(
             "batch -> DuckDB >= 60,000 events/s",
@@ -688,13 +802,22 @@ def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
         if n:
             ratio = b["events_per_s"] / n["events_per_s"]
             add("batch -> DuckDB >= the naive PySpark script", f"{ratio:.2f}x naive", ratio >= 1)
+    if b and k:
+        ratio = k["events_per_s"] / b["events_per_s"]
+        add(
+            f"batch -> DuckDB from Kafka (Spark's connector) >= {KAFKA_TARGET:g}x the embedded "
+            "log (within 20%)",
+            f"{ratio:.2f}x ({fmt_number(k['events_per_s'])} vs "
+            f"{fmt_number(b['events_per_s'])} events/s)",
+            ratio >= KAFKA_TARGET,
+        )
     if p:
         add(
             "batch -> PostgreSQL >= 40,000 events/s",
             fmt_number(p["events_per_s"]),
             p["events_per_s"] >= 40_000,
         )
-    for case in (b, p):
+    for case in (b, k, p):
         if case:
             add(
                 f"peak RSS of the process tree <= 2 GB ({case['destination']}, "
@@ -737,6 +860,7 @@ def report(out: dict[str, Any]) -> None:
     table = []
     for key, name in (
         ("batch", "headwater batch -> DuckDB"),
+        ("kafka", "headwater batch -> DuckDB, from Kafka (Spark's connector)"),
         ("small_batches", "headwater batch -> DuckDB, 1/4-size batches"),
         ("postgres", "headwater batch -> PostgreSQL"),
         ("naive", "naive PySpark -> DuckDB (own process)"),
@@ -767,11 +891,25 @@ def report(out: dict[str, Any]) -> None:
                 ["case", "events/s", "seconds", "peak RSS MiB", "peak PSS MiB", "landed"], table
             )
         )
-    b = out.get("batch")
+    b, k = out.get("batch"), out.get("kafka")
     for key in ("naive", "dlt"):
         if b and out.get(key):
             print(f"headwater DuckDB / {key}: {b['events_per_s'] / out[key]['events_per_s']:.2f}x")
-    for key in ("batch", "postgres"):
+    if b and k:
+        print(
+            "headwater DuckDB from Kafka / from the embedded log: "
+            f"{k['events_per_s'] / b['events_per_s']:.2f}x"
+        )
+    broker = out.get("broker")
+    if broker:
+        peak = broker["peak_rss_bytes"]
+        print(
+            f"Kafka broker: Apache Kafka {broker['kafka_version']}, {broker['brokers']} broker "
+            f"(KRaft) on loopback, JVM {' '.join(broker['jvm_options'])}; a process of its own, "
+            "not in the peak RSS above; its peak RSS (VmHWM, warm-up, fill and both runs): "
+            + ("-" if peak is None else f"{peak / 2**20:,.0f} MiB")
+        )
+    for key in ("batch", "kafka", "postgres"):
         c = out.get(key)
         if c and c.get("phases_s"):
             print(
@@ -779,7 +917,7 @@ def report(out: dict[str, Any]) -> None:
                 f"{c['batches']} micro-batches): "
                 + ", ".join(f"{k} {v:.1f}" for k, v in c["phases_s"].items())
             )
-    for key in ("batch", "postgres"):
+    for key in ("batch", "kafka", "postgres"):
         c = out.get(key)
         if c and c.get("rss_at_peak"):
             print(
@@ -826,7 +964,7 @@ def report(out: dict[str, Any]) -> None:
             + ("none of the rates tried" if highest is None else f"{highest:,.0f} events/s")
             + bound
         )
-    print("targets (issue 8):")
+    print("targets (issue 8" + (", and the Kafka bus's" if k else "") + "):")
     for t in out["targets"]:
         print(f"  {'met   ' if t['met'] else 'MISSED'}  {t['target']}: {t['figure']}")
 

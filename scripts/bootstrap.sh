@@ -6,7 +6,9 @@
 #   - the package itself, editable with the `dev` extra, reinstalled only when pyproject.toml
 #     changed since the last install (a hash stamp is kept inside .venv);
 #   - the class-data sharing archive that makes the driver's JVM start fast (made once, cached
-#     under ~/.cache/headwater/jvm).
+#     under ~/.cache/headwater/jvm);
+#   - Apache Kafka's broker (tests, benchmarks) and Spark's Kafka connector (the pipeline with
+#     bus: kafka), fetched once from Maven Central with mvn into ~/.cache/headwater/maven.
 # When everything is already there it does no network access and takes well under a second.
 #
 # Run it directly (`scripts/bootstrap.sh`) or let scripts/up and scripts/test run it.
@@ -25,6 +27,7 @@ declare -A SYSTEM_PACKAGES=(
     [postgresql-15]=/usr/lib/postgresql/15/bin/initdb
     [redis-server]=/usr/bin/redis-server
     [libpostgresql-jdbc-java]=/usr/share/java/postgresql.jar
+    [maven]=/usr/bin/mvn
 )
 
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
@@ -148,6 +151,13 @@ ensure_jvm_archive() {
         say "could not make the JVM class archive (Spark starts without it, slower)"
 }
 
+# Apache Kafka and Spark's Kafka connector, with their dependencies (headwater.maven): fetched
+# once (about a minute), then this is a check of two stamp files.
+ensure_jvm_artifacts() {
+    "$VENV/bin/python" -m headwater.maven broker connector --quiet ||
+        die "could not fetch Apache Kafka or Spark's Kafka connector from Maven Central (see above)"
+}
+
 main() {
     # One bootstrap at a time for this checkout (scripts/up and scripts/test may race).
     if command -v flock >/dev/null 2>&1; then
@@ -163,6 +173,7 @@ main() {
     ensure_venv
     ensure_package
     ensure_jvm_archive
+    ensure_jvm_artifacts
 }
 
 main "$@"

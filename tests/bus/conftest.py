@@ -1,6 +1,6 @@
 """The ``bus`` fixture: every contract test runs once per backend.
 
-The Kafka backend runs against the session's Kafka-protocol test broker (the ``kafka_broker``
+The Kafka backend runs against the session's Apache Kafka broker (the ``kafka_broker``
 fixture of the ``headwater.testing.fixtures`` plugin). Tests share that broker, so every test
 names its topics and groups with ``unique``.
 """
@@ -23,7 +23,7 @@ BACKENDS = [
     pytest.param("kafka", id="kafka", marks=pytest.mark.kafka),
 ]
 
-# The test broker makes a group join wait half the session timeout; 6 s is Kafka's minimum.
+# Kafka's smallest session timeout (group.min.session.timeout.ms): a lost member is noticed fast.
 KAFKA_TEST_CLIENT: dict[str, Any] = {"consumer": {"session.timeout.ms": 6000}, "timeout_s": 15.0}
 
 

@@ -1,8 +1,5 @@
-"""The bus contract, run over both backends (the ``bus`` fixture is parametrized).
-
-Where the Kafka-protocol test broker deviates from Kafka, the test is marked
-``broker_deviation`` and expects Kafka's behaviour except on that broker.
-"""
+"""The bus contract, run over both backends (the ``bus`` fixture is parametrized): the
+embedded log and Apache Kafka (one broker in KRaft mode)."""
 
 from __future__ import annotations
 
@@ -28,11 +25,6 @@ from headwater.bus.records import Message, Position, Record, TopicInfo, TopicPar
 
 Unique = Callable[[str], str]
 WAIT_S = 30.0
-
-
-def on_test_broker(bus: Bus) -> bool:
-    """Whether ``bus`` runs on the Kafka-protocol test broker, where deviations apply."""
-    return bus.backend == "kafka"
 
 
 def append(bus: Bus, topic: str, messages: Sequence[Message]) -> list[Position]:
@@ -250,8 +242,6 @@ def test_read_from_offset(bus: Bus, unique: Unique) -> None:
     topic = unique("offsets")
     bus.create_topic(topic, partitions=1)
     append(bus, topic, [Message(f"r{i}".encode()) for i in range(5)])
-    # A last batch of one record: the test broker's high watermark then is the log end too
-    # (see test_watermarks_after_batches for the deviation).
     append(bus, topic, [Message(b"r5")])
 
     assert [r.offset for r in bus.read(topic, 0, 2)] == [2, 3, 4, 5]
@@ -291,21 +281,12 @@ def test_watermarks_of_an_empty_partition(bus: Bus, unique: Unique) -> None:
         bus.watermarks(topic, 2)
 
 
-@pytest.mark.broker_deviation(
-    reason="the test broker reports as high watermark the base offset of the last record "
-    "batch + 1, not the log end offset"
-)
 def test_watermarks_after_batches(bus: Bus, unique: Unique) -> None:
     topic = unique("marks")
     bus.create_topic(topic, partitions=1)
     append(bus, topic, [Message(b"a"), Message(b"b"), Message(b"c")])
-    last = append(bus, topic, [Message(b"d"), Message(b"e")])
-    low, high = bus.watermarks(topic, 0)
-    assert low == 0
-    if on_test_broker(bus):
-        assert high == last[0].offset + 1
-    else:
-        assert high == 5
+    append(bus, topic, [Message(b"d"), Message(b"e")])
+    assert bus.watermarks(topic, 0) == (0, 5)
 
 
 # -- read_arrow ---------------------------------------------------------------------------

@@ -12,19 +12,12 @@ random number of acks plus a random jitter, while requests are in flight.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import signal
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import pytest
 
@@ -32,14 +25,10 @@ from headwater.bus import context
 from headwater.bus.embedded.backend import EmbeddedBus
 from headwater.collector.auth import hash_key
 from headwater.config.loader import load_config
-from headwater.testing.process import OutputLines
+from headwater.testing.collector import CollectorProcess
+from headwater.testing.crash_load import WRITE_KEY, Ledger, Load
 
-sys.path.insert(0, str(Path(__file__).parent))
-from crash_load import WRITE_KEY, Ledger, Load
-
-COMMAND = [sys.executable, "-m", "headwater"]
 ROUNDS = 12
-DEADLINE_S = 30.0  # for the collector to start, answer /healthz or stop
 KILL_AFTER_ACKS = [0, 1, 5, 20, 60, 150, 300]  # batches acked in a round before its kill
 KILL_WITHIN_S = (0.05, 1.0)  # ... or a random time into the round, whichever comes first
 PROTOCOL_HEADER = {"ws": b"raccoon-ws", "rest": b"raccoon-rest", "segment": b"segment"}
@@ -65,79 +54,6 @@ collector:
 """
     )
     return path
-
-
-class CollectorProcess:
-    """``headwater collector --port 0 --grpc-port 0`` as a child process; its stdout is read
-    line by line, its stderr goes to a file."""
-
-    def __init__(self, config_file: Path, stderr_path: Path) -> None:
-        self.stderr_path = stderr_path
-        self._stderr: IO[bytes] = stderr_path.open("wb")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HEADWATER_")}
-        self.proc = subprocess.Popen(
-            [
-                *COMMAND,
-                "--config",
-                str(config_file),
-                "collector",
-                "--port",
-                "0",
-                "--grpc-port",
-                "0",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            env={**env, "PYTHONUNBUFFERED": "1"},
-        )
-        assert self.proc.stdout is not None
-        self.out = OutputLines(self.proc.stdout, "the collector", self.stderr)
-
-    def wait_for_line(self, prefix: str) -> str:
-        """The first stdout line starting with ``prefix``; fails at the deadline or at exit."""
-        return self.out.wait_for(prefix, DEADLINE_S)
-
-    def wait_healthy(self) -> int:
-        """The HTTP port, once GET /healthz answers 200 (within the deadline)."""
-        url = self.wait_for_line("headwater: health at ").split(" at ", 1)[1]
-        deadline = time.monotonic() + DEADLINE_S
-        last: object = None
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(url, timeout=DEADLINE_S) as response:
-                    if response.status == 200:
-                        return int(url.rsplit(":", 1)[1].split("/", 1)[0])
-                    last = response.status
-            except (urllib.error.URLError, OSError) as e:
-                last = e
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=0.05)  # a pause between tries that also sees an exit
-                break
-        raise AssertionError(f"{url} did not answer 200 in time: {last}; {self.stderr()}")
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
-    def kill(self) -> None:
-        """SIGKILL (no-op once it exited)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-
-    def stop(self) -> int:
-        """SIGTERM, and the exit code once it has stopped gracefully."""
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=DEADLINE_S)
-
-    def close(self) -> int:
-        """Kill if still running, reap, release the pipes; the exit code."""
-        self.kill()
-        code = self.proc.wait(timeout=DEADLINE_S)
-        self.out.join(DEADLINE_S)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self._stderr.close()
-        return code
 
 
 @dataclass

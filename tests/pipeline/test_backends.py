@@ -1,10 +1,7 @@
 """The pipeline over both bus backends: events on a topic of four partitions land exactly once,
 the batch read by as many Spark tasks as there are partitions (each task reads its range of
-records itself, from the embedded log's files or from Kafka), and a second run adds nothing.
-
-On the Kafka backend, records are appended one per produce request: the test broker reports the
-start of the last record batch + 1 as the high watermark (a deviation from Kafka, see
-DEVELOPERS.md), and single-record batches make that the log end."""
+records itself, from the embedded log's files), and a second run adds nothing. On Apache Kafka
+the records come through Spark's Kafka connector (one task per partition, too)."""
 
 from __future__ import annotations
 
@@ -46,9 +43,8 @@ def fill(config: HeadwaterConfig, topic: str) -> None:
     with open_bus(config) as bus:
         bus.create_topic(topic, PARTITIONS)
         messages = [track_message(i) for i in range(EVENTS)]
-        step = 1 if config.bus.backend == "kafka" else 500
-        for start in range(0, EVENTS, step):
-            bus.append(topic, messages[start : start + step]).result(timeout=30)
+        for start in range(0, EVENTS, 500):
+            bus.append(topic, messages[start : start + 500]).result(timeout=30)
         bus.flush(30)
 
 

@@ -125,9 +125,7 @@ def dsn(kind: str, request: pytest.FixtureRequest) -> Iterator[str | None]:
         return
     service = request.getfixturevalue("postgres_service")
     name = f"e2e_{request.node.name.split('[')[0][-20:]}_{time.monotonic_ns() % 10**8}"
-    with psycopg.connect(service.dsn, autocommit=True) as c:
-        c.execute(f'create database "{name}"')
-    yield service.dsn.rsplit("/", 1)[0] + "/" + name
+    yield service.fresh_database(name)
 
 
 @pytest.mark.parametrize("mode", ["batch", "stream"])

@@ -1,17 +1,20 @@
 """Failed events replayed through the pipeline: events a destination could not route go to the
 failed store; once the configuration is fixed, ``headwater failed replay`` sends them back
 through the destination's own query (its replay topic), and they land once, with their
-original bytes and headers. Also: the jsonl.gz archive receives each event's JSON as it was
-after context enrichment."""
+original bytes and headers (on the embedded log, and on Apache Kafka, where the failed store is a
+topic of the same cluster and the query reads through Spark's Kafka connector). Also: the
+jsonl.gz archive receives each event's JSON as it was after context enrichment."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -23,25 +26,37 @@ from headwater.pipeline.failed import FailedStore
 from headwater.pipeline.runner import Pipeline
 
 TOPIC = "events-track"
+EMBEDDED: dict[str, Any] = {"embedded": {"durability": "never"}}
 
 
-def write_config(path: Path, template: str, **dest: Any) -> Path:
+def write_config(path: Path, template: str, bus: dict[str, Any] | None = None, **dest: Any) -> Path:
+    """A config with one destination ``warehouse``; on a Kafka ``bus`` (shared by the tests)
+    it reads a topic of its own and keeps a failed store of its own."""
     destination = {"id": "warehouse", "type": "duckdb", "table_name_template": template, **dest}
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "data_dir": str(path.parent / "data"),
-                "bus": {"embedded": {"durability": "never"}},
-                "pipeline": {"destinations": [destination]},
-            }
-        )
-    )
+    pipeline: dict[str, Any] = {"destinations": [destination]}
+    if bus is not None and bus.get("backend") == "kafka":
+        suffix = uuid.uuid5(uuid.NAMESPACE_URL, str(path.parent)).hex[:10]
+        destination["topics"] = [f"{TOPIC}-{suffix}"]
+        pipeline["failed_topic"] = f"failed-{suffix}"
+    document = {"data_dir": str(path.parent / "data"), "bus": bus or EMBEDDED, "pipeline": pipeline}
+    path.write_text(yaml.safe_dump(document))
     return path
 
 
+@pytest.fixture(params=["embedded", pytest.param("kafka", marks=pytest.mark.kafka)])
+def bus_section(request: pytest.FixtureRequest) -> dict[str, Any]:
+    if request.param == "embedded":
+        return EMBEDDED
+    broker = request.getfixturevalue("kafka_broker")
+    client = {"bootstrap_servers": broker.bootstrap_servers, "timeout_s": 15.0}
+    return {"backend": "kafka", "kafka": {**client, "consumer": {"session.timeout.ms": 6000}}}
+
+
 def append_events(config_path: Path, values: list[dict[str, Any]]) -> None:
-    with open_bus(load_config(config_path)) as bus:
-        bus.create_topic(TOPIC, 2)
+    config = load_config(config_path)
+    topic = (config.pipeline.destinations[0].topics or [TOPIC])[0]
+    with open_bus(config) as bus:
+        bus.create_topic(topic, 2)
         messages = [
             Message(
                 json.dumps(v).encode(),
@@ -57,7 +72,7 @@ def append_events(config_path: Path, values: list[dict[str, Any]]) -> None:
             )
             for i, v in enumerate(values)
         ]
-        bus.append(TOPIC, messages).result()
+        bus.append(topic, messages).result()
         bus.flush()
 
 
@@ -82,8 +97,10 @@ def cli_json(config_path: Path, *args: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in result.output.splitlines()]
 
 
-def test_failed_events_replayed_after_a_fix_land_once(spark: Any, tmp_path: Path) -> None:
-    config_path = write_config(tmp_path / "headwater.yaml", "{{ category }}")
+def test_failed_events_replayed_after_a_fix_land_once(
+    spark: Any, tmp_path: Path, bus_section: dict[str, Any]
+) -> None:
+    config_path = write_config(tmp_path / "headwater.yaml", "{{ category }}", bus_section)
     values = [{"n": n, "category": "books"} if n % 3 else {"n": n} for n in range(12)]
     append_events(config_path, values)
 
@@ -97,7 +114,7 @@ def test_failed_events_replayed_after_a_fix_land_once(spark: Any, tmp_path: Path
     assert all(json.loads(s["value"]) == {"n": int(s["headers"]["event-id"][3:])} for s in shown)
 
     # the operator fixes the template, then replays what failed
-    write_config(config_path, "{{ category | default('misc') }}")
+    write_config(config_path, "{{ category | default('misc') }}", bus_section)
     assert cli_json(config_path, "failed", "replay", "--destination", "warehouse") == [
         {"replayed": {"warehouse": 4}}
     ]

@@ -68,13 +68,6 @@ class Run:
         return "".join(line for _, line in self.seen)[-4000:]
 
 
-def make_database(service: PostgresService, name: str) -> str:
-    with psycopg.connect(service.dsn, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name}")
-        conn.execute(f"CREATE DATABASE {name}")
-    return service.dsn.rsplit("/", 1)[0] + f"/{name}"
-
-
 def write_config(tmp_path: Path, dsn: str) -> Path:
     path = tmp_path / "headwater.yaml"
     config = {
@@ -211,7 +204,7 @@ def run_with_kills(
 @pytest.fixture
 def database(postgres_service: PostgresService, request: pytest.FixtureRequest) -> Iterator[str]:
     name = "scale_" + request.node.name.split("[")[0].removeprefix("test_")[:40]
-    yield make_database(postgres_service, name)
+    yield postgres_service.fresh_database(name)
 
 
 def test_local_cluster_loses_an_executor_mid_write(tmp_path: Path, database: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import uuid
 from pathlib import Path
@@ -11,11 +10,6 @@ import pytest
 
 from headwater.testing.postgres import PostgresService, start_postgres
 from headwater.testing.redis import RedisService, RedisStartError, start_redis
-
-HAVE_BROKER = importlib.util.find_spec("headwater.testing.broker") is not None
-needs_broker = pytest.mark.skipif(
-    not HAVE_BROKER, reason="headwater.testing.broker is not written yet"
-)
 
 
 def _running(pid: int) -> bool:
@@ -114,7 +108,7 @@ def test_redis_failure_to_start_is_reported_with_its_log(
 # --- Kafka-protocol broker ------------------------------------------------------------------
 
 
-@needs_broker
+@pytest.mark.kafka
 def test_broker_answers_metadata(kafka_broker) -> None:
     admin_module = pytest.importorskip("confluent_kafka.admin")
     admin = admin_module.AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
@@ -122,13 +116,16 @@ def test_broker_answers_metadata(kafka_broker) -> None:
     assert metadata.brokers, "the broker listed no brokers in its metadata"
 
 
-@needs_broker
+@pytest.mark.kafka
 def test_broker_is_stopped_on_exit() -> None:
-    from headwater.testing.broker import start_broker
+    from headwater.testing.kafka import HOST, start_kafka
 
-    with start_broker() as broker:
-        pid = broker.process.pid
+    with start_kafka() as kafka:
+        pid, port = kafka.process.pid, kafka.nodes[0].port
+        folder = kafka.nodes[0].directory
         assert _running(pid)
-        assert _accepts_connections(broker.host, broker.port)
+        assert _accepts_connections(HOST, port)
+        assert (folder / "data" / "meta.properties").exists()
     assert not _running(pid)
-    assert not _accepts_connections(broker.host, broker.port)
+    assert not _accepts_connections(HOST, port)
+    assert not folder.exists()

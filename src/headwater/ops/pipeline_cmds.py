@@ -50,7 +50,7 @@ def pipeline_cmd(
     from headwater.pipeline.spark import spark_session
 
     click.echo(f"headwater: starting Spark ({config.pipeline.spark.master})")
-    spark = spark_session(config.pipeline.spark)
+    spark = spark_session(config.pipeline.spark, kafka=config.bus.backend == "kafka")
     pipeline = Pipeline(config, spark, list(destinations) or None, echo=click.echo)
     if once:
         pipeline.run_once()

@@ -136,7 +136,7 @@ def start_pipeline(config: HeadwaterConfig, echo: Callable[[str], None]) -> Pipe
     from headwater.pipeline.spark import spark_session
 
     echo(f"headwater: starting Spark ({config.pipeline.spark.master})")
-    spark = spark_session(config.pipeline.spark)
+    spark = spark_session(config.pipeline.spark, kafka=config.bus.backend == "kafka")
     pipeline = Pipeline(config, spark, echo=echo)
     pipeline.start()
     for dest in config.pipeline.destinations:

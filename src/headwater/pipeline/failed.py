@@ -175,6 +175,12 @@ class FailedStore:
             bus.append(name, [to_message(e) for e in events]).result()
             bus.flush()
 
+    def ensure_topic(self, topic: str) -> None:
+        """Create ``topic`` on the store's bus unless it exists (Spark's Kafka connector fails a
+        query over a topic that does not exist)."""
+        with self._open(read_only=False) as bus:
+            bus.create_topic(topic)
+
     def records(self, topic: str | None = None) -> Iterator[Record]:
         with self._open(read_only=True) as bus:
             name = topic or self.topic

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from headwater.config.model import HeadwaterConfig
 from headwater.errors import ConfigError
 from headwater.pipeline.config import DestinationConfig
-from headwater.pipeline.failed import failed_config, replay_topic
+from headwater.pipeline.failed import FailedStore, failed_config, replay_topic
 from headwater.pipeline.status import BACKOFF, Backoff, StatusBoard, classify
 from headwater.pipeline.writer import DestinationWriter
 
@@ -48,7 +48,18 @@ def source_frame(
     pattern = None if topics else dest.topic_pattern
     limit = dest.max_records_per_trigger
     replay = (failed_config(config), [replay_topic(dest.id)], FAILED_BUS)
-    if not uses_kafka_connector(spark, config) and sources_in(checkpoint) in (None, 1):
+    if uses_kafka_connector(spark, config):  # the failed store is on the same Kafka cluster
+        log.info("destination %s reads Kafka through Spark's Kafka connector", dest.id)
+        FailedStore(config).ensure_topic(replay[1][0])
+        main = read_stream(spark, config, topics, pattern, limit)
+        return main.unionByName(read_stream(spark, replay[0], replay[1], None, limit))
+    if config.bus.backend == "kafka":
+        log.warning(
+            "destination %s reads Kafka through headwater's own source: Spark's Kafka connector "
+            "is not on this session's classpath",
+            dest.id,
+        )
+    if sources_in(checkpoint) in (None, 1):
         return read_stream(spark, config, topics, pattern, limit, ranges_of=MAIN_BUS, also=[replay])
     main = read_stream(spark, config, topics, pattern, limit, ranges_of=MAIN_BUS)
     replayed = read_stream(spark, replay[0], replay[1], None, limit, ranges_of=FAILED_BUS)

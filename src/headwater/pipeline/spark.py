@@ -2,8 +2,10 @@
 
 Local mode binds to loopback and runs the Python workers on this interpreter unless
 ``PYSPARK_PYTHON`` says otherwise. The PostgreSQL JDBC driver is put on the classpath when the
-Debian package's jar is there. headwater's Spark data source (``format("headwater")``) and its
-sink (``format("headwater_sink")``) are registered on every session this module builds.
+Debian package's jar is there, and Spark's Kafka connector (fetched once from Maven Central, see
+:mod:`headwater.maven`) when the bus is Kafka. headwater's Spark data source
+(``format("headwater")``) and its sink (``format("headwater_sink")``) are registered on every
+session this module builds.
 """
 
 from __future__ import annotations
@@ -53,23 +55,45 @@ def extra_jars(config: SparkConfig) -> str:
     return str(POSTGRES_JDBC_JAR) if POSTGRES_JDBC_JAR.exists() else ""
 
 
-def settings(config: SparkConfig) -> dict[str, str]:
-    """Every setting the session is built with: ours, then the configured ones on top."""
+def kafka_connector_jars() -> list[str]:
+    """Spark's Kafka connector and the dependencies Spark does not ship itself (Scala, Hadoop,
+    compression codecs are Spark's own), at the installed PySpark's version (fetched with ``mvn``
+    the first time)."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    from headwater.maven import fetch, spark_kafka_connector, unversioned
+
+    shipped = {unversioned(j) for j in (Path(_find_spark_home()) / "jars").glob("*.jar")}
+    jars = fetch(spark_kafka_connector(), quiet=False)
+    return [str(j) for j in jars if unversioned(j) not in shipped]
+
+
+def settings(config: SparkConfig, kafka: bool = False) -> dict[str, str]:
+    """Every setting the session is built with: ours, then the configured ones on top. With
+    ``kafka``, Spark's Kafka connector is added to ``spark.jars``."""
     local = config.master.startswith("local")
     out = {**_DEFAULTS, **(_LOCAL_DEFAULTS if local else {})}
     jars = extra_jars(config)
-    if jars:
-        out["spark.jars"] = jars
+    every = [j for j in jars.split(",") if j]
+    if kafka and "spark.jars" not in config.conf:
+        every += kafka_connector_jars()
+    if every:
+        out["spark.jars"] = ",".join(every)
     if local:  # the driver is the whole cluster: start it fast (headwater.pipeline.jvm)
         from headwater.pipeline.jvm import driver_options
 
+        # keyed by the default jars: spark.jars are loaded by Spark's own class loader, not
+        # from the JVM's class path that the archive depends on
         options = " ".join(driver_options(jars))
         out["spark.driver.extraJavaOptions"] += f" {options}"
     return {**out, **config.conf}
 
 
-def spark_session(config: SparkConfig, app_name: str = "headwater") -> SparkSession:
-    """The process's SparkSession (created on first use, then reused)."""
+def spark_session(
+    config: SparkConfig, app_name: str = "headwater", *, kafka: bool = False
+) -> SparkSession:
+    """The process's SparkSession (created on first use, then reused); ``kafka``: with Spark's
+    Kafka connector (give ``config.bus.backend == "kafka"``)."""
     from pyspark.sql import SparkSession
 
     with _LOCK:
@@ -78,7 +102,7 @@ def spark_session(config: SparkConfig, app_name: str = "headwater") -> SparkSess
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         builder = SparkSession.builder.master(config.master).appName(app_name)
-        for key, value in settings(config).items():
+        for key, value in settings(config, kafka).items():
             builder = builder.config(key, value)
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel("ERROR")

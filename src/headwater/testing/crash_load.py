@@ -257,7 +257,7 @@ class Load:
             batch, data = raccoon_batch(self.ledger, f"r{self.round}-rest{k}-{seq}", "rest")
             seq += 1
             request = post(self.port, "/api/v1/events", "application/proto", data)
-            if not await self._exchange(batch, request, _raccoon_ok):
+            if not await self._exchange(batch, request, raccoon_ok):
                 return
 
     async def _segment_client(self, k: int) -> None:
@@ -269,7 +269,7 @@ class Load:
             request = post(
                 self.port, "/v1/batch", "application/json", body, f"Authorization: Basic {auth}\r\n"
             )
-            if not await self._exchange(batch, request, _segment_ok):
+            if not await self._exchange(batch, request, segment_ok):
                 return
 
     async def _exchange(
@@ -291,9 +291,9 @@ class Load:
         return True
 
 
-def _raccoon_ok(status: int, body: bytes) -> bool:
+def raccoon_ok(status: int, body: bytes) -> bool:
     return status == 200 and raccoon_response(body).status == raccoon.Status.SUCCESS
 
 
-def _segment_ok(status: int, body: bytes) -> bool:
+def segment_ok(status: int, body: bytes) -> bool:
     return status == 200 and body == segment.SUCCESS_BODY

@@ -4,8 +4,8 @@ Each service is started once per test session, and only when a test asks for its
 
 - ``postgres_service``: a throwaway PostgreSQL 15 cluster (:class:`PostgresService`)
 - ``redis_service``: a throwaway Redis server (:class:`RedisService`)
-- ``kafka_broker``: the Kafka-protocol test broker (:class:`BrokerService`)
-- ``spark``: one local-mode SparkSession for the whole run
+- ``kafka_broker``: one Apache Kafka broker in KRaft mode (:class:`KafkaCluster`)
+- ``spark``: one local-mode SparkSession for the whole run (with Spark's Kafka connector)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from headwater.testing.broker import BrokerService
+    from headwater.testing.kafka import KafkaCluster
     from headwater.testing.postgres import PostgresService
     from headwater.testing.redis import RedisService
 
@@ -40,21 +40,24 @@ def redis_service() -> Iterator[RedisService]:
 
 
 @pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[BrokerService]:
-    """The Kafka-protocol test broker on a free loopback port, shared by the whole session."""
-    from headwater.testing.broker import start_broker
+def kafka_broker() -> Iterator[KafkaCluster]:
+    """One Apache Kafka broker on free loopback ports, shared by the whole session."""
+    from headwater.testing.kafka import start_kafka
 
-    with start_broker() as service:
+    with start_kafka() as service:
         yield service
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """The test session's one SparkSession (local[2]), with headwater's data source."""
+    """The test session's one SparkSession (local[2]), with headwater's data source and Spark's
+    Kafka connector (so a Kafka bus is read by the connector, as ``headwater pipeline`` reads
+    it)."""
     from headwater.pipeline.config import SparkConfig
     from headwater.pipeline.spark import spark_session
 
-    session = spark_session(SparkConfig(master="local[2]"), app_name="headwater-tests")
+    config = SparkConfig(master="local[2]")
+    session = spark_session(config, app_name="headwater-tests", kafka=True)
     yield session
     session.stop()
 

@@ -57,6 +57,15 @@ class PostgresService:
     data_dir: Path
     pid: int
 
+    def fresh_database(self, name: str) -> str:
+        """Drop and create database ``name`` on this server; its DSN."""
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.dsn.rsplit("/", 1)[0] + f"/{name}"
+
 
 @dataclass(frozen=True)
 class _OsUser:

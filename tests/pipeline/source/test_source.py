@@ -2,9 +2,9 @@
 values, micro-batches capped by maxRecordsPerTrigger under Trigger.AvailableNow, restarts from a
 checkpoint, topics appearing after the query started, and startingOffsets.
 
-On the Kafka backend, records are appended one per produce request: the test broker reports the
-start of the last record batch + 1 as the high watermark (a deviation from Kafka, see
-DEVELOPERS.md), and single-record batches make that the log end.
+On Apache Kafka, batch reads go through headwater's source and streaming reads through Spark's
+Kafka connector (``read_stream`` picks it when the bus is Kafka and the connector is on the
+session's classpath, as the test session's is): the two must behave alike.
 """
 
 from __future__ import annotations
@@ -21,7 +21,11 @@ import pytest
 from headwater.bus import Bus, open_bus
 from headwater.bus.records import Message
 from headwater.config.model import HeadwaterConfig
-from headwater.pipeline.source import kafka_connector_available, read_stream
+from headwater.pipeline.source import (
+    kafka_connector_available,
+    read_stream,
+    uses_kafka_connector,
+)
 
 KAFKA_TEST_CLIENT: dict[str, Any] = {"consumer": {"session.timeout.ms": 6000}, "timeout_s": 15.0}
 COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"]
@@ -58,7 +62,7 @@ def prefix() -> str:
 
 
 def put(bus: Bus, topic: str, messages: list[Message]) -> None:
-    """Append one record per request (see the module docstring), each durable before the next."""
+    """Append one record per request, each durable before the next (a known order)."""
     for m in messages:
         bus.append(topic, [m]).result(timeout=30)
     bus.flush(30)
@@ -229,10 +233,14 @@ def test_a_pattern_picks_up_topics_created_later_but_not_internal_ones(
     assert sink.rows == [(f"{prefix}-one", 0, 0), (f"{prefix}-two", 0, 0), (f"{prefix}-two", 0, 1)]
 
 
-def test_no_kafka_connector_here_so_the_headwater_source_is_used(spark, config) -> None:
-    assert kafka_connector_available(spark) is False
+def test_the_kafka_bus_is_read_by_sparks_connector_with_the_same_columns(spark, config) -> None:
+    assert kafka_connector_available(spark)
+    assert uses_kafka_connector(spark, config) == (config.bus.backend == "kafka")
     frame = read_stream(spark, config, topics=["anything"])
     assert frame.isStreaming and frame.columns == COLUMNS
+    plan = frame._jdf.queryExecution().logical().toString()  # py4j: the source Spark chose
+    chosen = "kafka" if config.bus.backend == "kafka" else "headwater"
+    assert f"format: {chosen}," in plan, plan
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:

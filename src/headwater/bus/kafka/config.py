@@ -33,6 +33,11 @@ class KafkaBusConfig(Section):
     consumer: dict[str, ClientValue] = Field(
         default_factory=dict, description="Extra librdkafka options for consumers."
     )
+    connector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra options of Spark's Kafka connector, which the pipeline reads Kafka "
+        "with: kafka.security.protocol, kafka.sasl.jaas.config, ... (Java client names).",
+    )
     timeout_s: float = Field(
         30.0, gt=0, description="Timeout of admin and metadata requests, in seconds."
     )

@@ -9,6 +9,7 @@ the connector instead.
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING
 
 from headwater.bus.layout import SCHEMA_DDL
@@ -67,11 +68,14 @@ def read_stream(
             .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
             .option("startingOffsets", starting_offsets)
             .option("failOnDataLoss", "false")
+            .option("includeHeaders", "true")
+            .options(**kafka.connector)
         )
         if topics is not None:
             reader = reader.option("subscribe", ",".join(topics))
         else:
-            reader = reader.option("subscribePattern", pattern)
+            assert pattern is not None
+            reader = reader.option("subscribePattern", connector_pattern(pattern, config))
         if max_records_per_trigger is not None:
             reader = reader.option("maxOffsetsPerTrigger", str(max_records_per_trigger))
         return reader.load()
@@ -94,6 +98,17 @@ def read_stream(
         ]
         reader = reader.option("alsoRead", json.dumps(feeds))
     return reader.load()
+
+
+def connector_pattern(pattern: str, config: HeadwaterConfig) -> str:
+    """``pattern`` for the connector's ``subscribePattern`` (a Java regex matched in full, as
+    headwater's source matches it), never matching internal topics: those of headwater
+    (``headwater-...``) and the failed store's, as with headwater's source."""
+    from headwater.pipeline.source.offsets import INTERNAL_PREFIX
+
+    internal = "|".join(re.escape(t) + "$" for t in sorted({config.pipeline.failed_topic}) if t)
+    excluded = re.escape(INTERNAL_PREFIX) + (f"|{internal}" if internal else "")
+    return f"(?!{excluded})(?:{pattern})"
 
 
 def uses_kafka_connector(spark: SparkSession, config: HeadwaterConfig) -> bool:
