@@ -61,10 +61,11 @@ def archive_path(jars: str = "") -> Path | None:
     return cache_dir() / "jvm" / f"spark-{digest}.jsa"
 
 
-def driver_options(jars: str = "") -> list[str]:
-    """JVM options for a local-mode driver: C1 only, and the archive when there is one (or,
-    with ``HEADWATER_JVM_ARCHIVE`` set, write one there at exit)."""
-    options = ["-XX:TieredStopAtLevel=1", *HEAP_OPTIONS]
+def driver_options(jars: str = "", *, heavy: bool = False) -> list[str]:
+    """JVM options for a local-mode driver: C1 only (unless ``heavy``: the JVM itself moves
+    the records, as Spark's Kafka connector does, and C2's code pays off), and the archive when
+    there is one (or, with ``HEADWATER_JVM_ARCHIVE`` set, write one there at exit)."""
+    options = [*([] if heavy else ["-XX:TieredStopAtLevel=1"]), *HEAP_OPTIONS]
     making = os.environ.get(ARCHIVE_ENV)
     if making:
         return [*options, f"-XX:ArchiveClassesAtExit={making}"]

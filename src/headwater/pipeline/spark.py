@@ -84,7 +84,7 @@ def settings(config: SparkConfig, kafka: bool = False) -> dict[str, str]:
 
         # keyed by the default jars: spark.jars are loaded by Spark's own class loader, not
         # from the JVM's class path that the archive depends on
-        options = " ".join(driver_options(jars))
+        options = " ".join(driver_options(jars, heavy=kafka))
         out["spark.driver.extraJavaOptions"] += f" {options}"
     return {**out, **config.conf}
 

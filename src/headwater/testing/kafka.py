@@ -22,6 +22,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -119,6 +120,9 @@ class KafkaCluster:
         expected = {n.node_id for n in running}
 
         def probe(timeout_s: float) -> str | None:
+            closed = [n.node_id for n in running if not _listening(n.port)]
+            if closed:  # no client until every broker listens: it would log each refusal
+                return f"brokers {closed} not listening yet"
             try:
                 seen = _brokers(",".join(n.address for n in running), timeout_s)
             except Exception as exc:  # confluent_kafka.KafkaException and friends
@@ -320,6 +324,14 @@ def _stop(cluster: KafkaCluster) -> None:
     for node in cluster.nodes:
         if node.process is not None:
             stop_process(node.process, STOP_TIMEOUT_S, terminate_first=False)
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def _brokers(bootstrap: str, timeout: float) -> set[int]:
