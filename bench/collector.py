@@ -883,15 +883,17 @@ def start_collector(
         stderr=log,
     )
     port = grpc_port = 0
+    seen: list[str] = []
     try:
         until = time.monotonic() + 60
         while time.monotonic() < until:
             line = read_line(proc, max(0.1, until - time.monotonic()))
+            seen.append(line)
             if found := re.search(r"health at http://[^:]+:(\d+)/", line):
                 port = int(found.group(1))
             elif found := re.search(r"gRPC EventService on .*:(\d+)\s*$", line):
                 grpc_port = int(found.group(1))
-            elif "ready" in line:
+            elif line.startswith("headwater: ready"):
                 break
     except (TimeoutError, RuntimeError) as e:
         log.seek(0)
@@ -900,7 +902,9 @@ def start_collector(
         raise RuntimeError(f"the collector did not start: {e}: {tail}") from None
     if not port or not grpc_port:
         kill(proc)
-        raise RuntimeError("the collector did not print its ports")
+        log.seek(0)
+        tail = log.read().decode(errors="replace")[-800:]
+        raise RuntimeError(f"the collector did not print its ports: {seen} {tail}")
     on = "" if kafka is None else ", on Kafka"
     progress(f"collector (ack: {ack}{on}) pid {proc.pid} on port {port}, gRPC {grpc_port}")
     return Collector(
