@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from headwater.config.base import Section
 
@@ -54,6 +54,21 @@ class RaccoonConfig(Section):
         return v.replace("%s", "{type}")
 
 
+def _hashed(keys: list[str]) -> list[str]:
+    for k in keys:
+        digest = k.removeprefix("sha256:")
+        if not k.startswith("sha256:") or len(digest) != 64 or not _is_hex(digest):
+            raise ValueError(
+                "write keys are stored hashed: give sha256:<64 hex digits> "
+                "(from `headwater hash-key KEY`), not the key itself"
+            )
+    return [k.lower() for k in keys]
+
+
+# Write keys as the config stores them: hashed (every source of events: collector, webhooks)
+HashedKeys = Annotated[list[str], AfterValidator(_hashed)]
+
+
 class SourceConfig(Section):
     id: str = Field(
         ...,
@@ -62,26 +77,14 @@ class SourceConfig(Section):
         pattern=r"^[A-Za-z0-9._-]+$",
         description="Name of the source; stored with every event it sends.",
     )
-    write_keys: list[str] = Field(
+    write_keys: HashedKeys = Field(
         default_factory=list,
         description="SHA-256 hashes of the source's write keys, as sha256:<64 hex> "
-        "(make one with `headwater collector hash-key`).",
+        "(make one with `headwater hash-key`).",
     )
     topic_pattern: str | None = Field(
         None, description="Topic of this source's JSON events; default collector.topic_pattern."
     )
-
-    @field_validator("write_keys")
-    @classmethod
-    def _hashed(cls, keys: list[str]) -> list[str]:
-        for k in keys:
-            digest = k.removeprefix("sha256:")
-            if not k.startswith("sha256:") or len(digest) != 64 or not _is_hex(digest):
-                raise ValueError(
-                    "write keys are stored hashed: give sha256:<64 hex digits> "
-                    "(from `headwater collector hash-key KEY`), not the key itself"
-                )
-        return [k.lower() for k in keys]
 
 
 def _is_hex(s: str) -> bool:

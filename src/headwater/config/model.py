@@ -10,6 +10,7 @@ from headwater.bus.config import BusConfig
 from headwater.collector.config import CollectorConfig
 from headwater.config.base import Section
 from headwater.pipeline.config import PipelineConfig
+from headwater.webhooks.config import WebhooksConfig
 
 
 class HeadwaterConfig(Section):
@@ -23,6 +24,9 @@ class HeadwaterConfig(Section):
     pipeline: PipelineConfig = Field(
         default_factory=PipelineConfig, description="The Spark pipeline and its destinations."
     )
+    webhooks: WebhooksConfig = Field(
+        default_factory=WebhooksConfig, description="The webhook transport (senders, receivers)."
+    )
 
     def log_dir(self) -> Path:
         """Where the embedded log lives."""
@@ -31,6 +35,10 @@ class HeadwaterConfig(Section):
     def checkpoint_dir(self) -> Path:
         """Where the pipeline's queries keep their checkpoints."""
         return self.pipeline.checkpoint_dir or self.data_dir / "checkpoints"
+
+    def webhooks_state_path(self) -> Path:
+        """The embedded webhook state's file."""
+        return self.webhooks.state.path or self.data_dir / "webhooks" / "state.sqlite"
 
     def warehouse_path(self) -> Path:
         """The default DuckDB warehouse file."""

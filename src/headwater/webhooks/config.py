@@ -1,0 +1,158 @@
+"""Config of the webhook transport (``webhooks`` in ``headwater.yaml``): the receivers webhooks
+are delivered to, the sources (senders) that post them, and where the state is kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+
+from headwater.collector.config import HashedKeys
+from headwater.config.base import Section
+from headwater.webhooks.signing import SignatureError, decode_secret
+
+# Svix's schedule: after the first attempt, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h
+SVIX_RETRY_SCHEDULE_S = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
+NAME_PATTERN = r"^[A-Za-z0-9._-]+$"  # receivers name topics: to_receiver.<name>
+
+
+def _http_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"must be an http(s) URL, not {url!r}")
+    return url
+
+
+def _secrets(value: str | list[str]) -> list[str]:
+    secrets = [value] if isinstance(value, str) else list(value)
+    for s in secrets:
+        try:
+            decode_secret(s)
+        except SignatureError as e:
+            raise ValueError(e.message) from None
+    return secrets
+
+
+class RateLimit(Section):
+    requests: int = Field(gt=0, description="Requests allowed per window.")
+    per_s: float = Field(1.0, gt=0, description="The window, in seconds.")
+
+
+class ReceiverConfig(Section):
+    name: str = Field(min_length=1, max_length=100, pattern=NAME_PATTERN)
+    url: str = Field(description="Where messages are POSTed.")
+    status_url: str | None = Field(
+        None,
+        description="GET for a message's status and result, with {message_id}: polled for "
+        "asynchronous results, and asked before resending after an ambiguous failure.",
+    )
+    secret: list[str] = Field(
+        description="whsec_ secret(s) signing every request; during a rotation list the new one "
+        "first and the old one after it: both sign until the old one is removed.",
+        min_length=1,
+    )
+    rate_limit: RateLimit | None = Field(None, description="Most requests per window.")
+    timeout_s: float = Field(15.0, gt=0, description="How long one request may take.")
+    retry_schedule_s: list[float] = Field(
+        default_factory=lambda: list(SVIX_RETRY_SCHEDULE_S),
+        description="Waits before each retry after the first attempt (default: Svix's).",
+    )
+    ttl_s: float = Field(3600.0, gt=0, description="How long an asynchronous result may take.")
+    ordered: bool = Field(False, description="Strict FIFO: a failing message blocks the rest.")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _http_url(v)
+
+    @field_validator("secret", mode="before")
+    @classmethod
+    def _secret(cls, v: str | list[str]) -> list[str]:
+        return _secrets(v)
+
+    @field_validator("status_url")
+    @classmethod
+    def _status(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if "{message_id}" not in v:
+            raise ValueError("must contain {message_id}")
+        return _http_url(v)
+
+    @field_validator("retry_schedule_s")
+    @classmethod
+    def _schedule(cls, v: list[float]) -> list[float]:
+        if any(s < 0 for s in v):
+            raise ValueError("waits cannot be negative")
+        return v
+
+
+class WebhookSourceConfig(Section):
+    id: str = Field(min_length=1, max_length=64, pattern=NAME_PATTERN)
+    write_keys: HashedKeys = Field(
+        default_factory=list, description="SHA-256 hashes of the source's keys (sha256:<hex>)."
+    )
+    callback_url: str | None = Field(
+        None, description="Where receivers' responses are POSTed back (none: not sent back)."
+    )
+    secret: list[str] = Field(
+        default_factory=list, description="whsec_ secret(s) signing the callbacks."
+    )
+
+    @field_validator("callback_url")
+    @classmethod
+    def _callback(cls, v: str | None) -> str | None:
+        return v if v is None else _http_url(v)
+
+    @field_validator("secret", mode="before")
+    @classmethod
+    def _secret(cls, v: str | list[str]) -> list[str]:
+        return _secrets(v)
+
+    @model_validator(mode="after")
+    def _signed_callbacks(self) -> WebhookSourceConfig:
+        if self.callback_url is not None and not self.secret:
+            raise ValueError(f"source {self.id}: a callback_url needs a secret to sign with")
+        return self
+
+
+class WebhookStateConfig(Section):
+    backend: Literal["embedded", "redis"] = Field(
+        "embedded", description="embedded: SQLite under data_dir (one machine); redis: shared."
+    )
+    path: Path | None = Field(None, description="embedded: the file (default data_dir/webhooks).")
+    redis_url: str | None = Field(None, description="redis: redis://host:port/db.")
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> WebhookStateConfig:
+        if self.backend == "redis" and not self.redis_url:
+            raise ValueError("webhooks.state.backend redis needs webhooks.state.redis_url")
+        return self
+
+
+class WebhooksConfig(Section):
+    receivers: list[ReceiverConfig] = Field(default_factory=list)
+    sources: list[WebhookSourceConfig] = Field(default_factory=list)
+    state: WebhookStateConfig = Field(default_factory=WebhookStateConfig)
+    max_payload_bytes: int = Field(
+        1 << 20, gt=0, description="Largest message body accepted at intake."
+    )
+
+    @model_validator(mode="after")
+    def _unique(self) -> WebhooksConfig:
+        for what, names in (
+            ("receiver", [r.name for r in self.receivers]),
+            ("source", [s.id for s in self.sources]),
+        ):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise ValueError(f"webhooks: {what} names must be unique: {', '.join(twice)}")
+        return self
+
+    def receiver(self, name: str) -> ReceiverConfig | None:
+        return next((r for r in self.receivers if r.name == name), None)
+
+    def source(self, source_id: str) -> WebhookSourceConfig | None:
+        return next((s for s in self.sources if s.id == source_id), None)

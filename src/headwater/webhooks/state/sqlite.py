@@ -1,0 +1,193 @@
+"""The embedded webhook state: SQLite in WAL mode in one file under ``data_dir`` (several
+processes on one machine may share it: writes take the database's lock, ``BEGIN IMMEDIATE``)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from headwater.webhooks.state.base import (
+    Attempt,
+    MessageState,
+    StateStore,
+    Status,
+    Transition,
+    UnknownMessage,
+    check_transition,
+)
+
+BUSY_TIMEOUT_S = 30.0
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS messages (
+    source_id TEXT NOT NULL, message_id TEXT NOT NULL, receiver TEXT NOT NULL,
+    status TEXT NOT NULL, payload BLOB NOT NULL, created_at REAL NOT NULL,
+    updated_at REAL NOT NULL, reason TEXT NOT NULL DEFAULT '', response BLOB,
+    history TEXT NOT NULL, attempts TEXT NOT NULL DEFAULT '[]',
+    PRIMARY KEY (source_id, message_id)
+);
+CREATE TABLE IF NOT EXISTS schedule (
+    kind TEXT NOT NULL, source_id TEXT NOT NULL, message_id TEXT NOT NULL, due_at REAL NOT NULL,
+    PRIMARY KEY (kind, source_id, message_id)
+);
+CREATE INDEX IF NOT EXISTS schedule_due ON schedule (kind, due_at);
+CREATE TABLE IF NOT EXISTS rates (receiver TEXT PRIMARY KEY, tat REAL NOT NULL);
+"""
+
+
+class SqliteState(StateStore):
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._conn = sqlite3.connect(
+            path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
+        self._lock = threading.Lock()
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at each checkpoint
+        for statement in filter(str.strip, _SCHEMA.split(";")):
+            self._conn.execute(statement)
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def arrive(
+        self, source_id: str, message_id: str, receiver: str, payload: bytes, now: float
+    ) -> tuple[bool, MessageState]:
+        history = json.dumps([[Status.ARRIVED.value, now, ""]])
+        with self._tx() as c:
+            inserted = c.execute(
+                "INSERT OR IGNORE INTO messages (source_id, message_id, receiver, status, "
+                "payload, created_at, updated_at, history) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (source_id, message_id, receiver, Status.ARRIVED.value, payload, now, now, history),
+            ).rowcount
+            state = self._read(c, source_id, message_id)
+        assert state is not None
+        return bool(inserted), state
+
+    def get(self, source_id: str, message_id: str) -> MessageState | None:
+        with self._lock:
+            return self._read(self._conn, source_id, message_id)
+
+    def advance(
+        self,
+        source_id: str,
+        message_id: str,
+        status: Status,
+        now: float,
+        *,
+        reason: str = "",
+        response: bytes | None = None,
+    ) -> MessageState:
+        with self._tx() as c:
+            state = self._read(c, source_id, message_id)
+            if state is None:
+                raise UnknownMessage(f"no message {source_id}/{message_id}")
+            check_transition(state.key, state.status, status)
+            history = [[t.status.value, t.at, t.reason] for t in state.history]
+            history.append([status.value, now, reason])
+            c.execute(
+                "UPDATE messages SET status = ?, updated_at = ?, history = ?, "
+                "reason = CASE WHEN ? != '' THEN ? ELSE reason END, "
+                "response = COALESCE(?, response) WHERE source_id = ? AND message_id = ?",
+                (
+                    status.value,
+                    now,
+                    json.dumps(history),
+                    reason,
+                    reason,
+                    response,
+                    source_id,
+                    message_id,
+                ),
+            )
+            updated = self._read(c, source_id, message_id)
+        assert updated is not None
+        return updated
+
+    def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None:
+        entry = json.dumps(attempt.__dict__)
+        with self._tx() as c:
+            changed = c.execute(
+                "UPDATE messages SET attempts = json_insert(attempts, '$[#]', json(?)) "
+                "WHERE source_id = ? AND message_id = ?",
+                (entry, source_id, message_id),
+            ).rowcount
+        if not changed:
+            raise UnknownMessage(f"no message {source_id}/{message_id}")
+
+    def schedule(self, kind: str, source_id: str, message_id: str, due_at: float) -> None:
+        with self._tx() as c:
+            c.execute(
+                "INSERT INTO schedule (kind, source_id, message_id, due_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (kind, source_id, message_id) DO UPDATE SET due_at = excluded.due_at",
+                (kind, source_id, message_id, due_at),
+            )
+
+    def take_due(self, kind: str, now: float, limit: int) -> list[tuple[str, str]]:
+        with self._tx() as c:
+            rows = c.execute(
+                "SELECT source_id, message_id FROM schedule WHERE kind = ? AND due_at <= ? "
+                "ORDER BY due_at LIMIT ?",
+                (kind, now, limit),
+            ).fetchall()
+            c.executemany(
+                "DELETE FROM schedule WHERE kind = ? AND source_id = ? AND message_id = ?",
+                [(kind, s, m) for s, m in rows],
+            )
+        return [(str(s), str(m)) for s, m in rows]
+
+    def acquire(self, receiver: str, requests: int, per_s: float) -> float:
+        interval = per_s / requests
+        with self._tx() as c:
+            now = time.time()
+            row = c.execute("SELECT tat FROM rates WHERE receiver = ?", (receiver,)).fetchone()
+            tat = max(float(row[0]) if row else now, now)
+            if tat > now:
+                return tat - now
+            c.execute(
+                "INSERT INTO rates (receiver, tat) VALUES (?, ?) "
+                "ON CONFLICT (receiver) DO UPDATE SET tat = excluded.tat",
+                (receiver, tat + interval),
+            )
+        return 0.0
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    @staticmethod
+    def _read(c: sqlite3.Connection, source_id: str, message_id: str) -> MessageState | None:
+        row = c.execute(
+            "SELECT receiver, status, payload, created_at, updated_at, reason, response, "
+            "history, attempts FROM messages WHERE source_id = ? AND message_id = ?",
+            (source_id, message_id),
+        ).fetchone()
+        if row is None:
+            return None
+        receiver, status, payload, created, updated, reason, response, history, attempts = row
+        return MessageState(
+            source_id=source_id,
+            message_id=message_id,
+            receiver=receiver,
+            status=Status(status),
+            payload=bytes(payload),
+            created_at=created,
+            updated_at=updated,
+            reason=reason,
+            response=bytes(response) if response is not None else None,
+            history=tuple(Transition(Status(s), at, r) for s, at, r in json.loads(history)),
+            attempts=tuple(Attempt(**a) for a in json.loads(attempts)),
+        )

@@ -1,0 +1,166 @@
+"""The webhook state contract, run over both backends (embedded SQLite and Redis): dedup on
+arrival, the status machine with its timestamped history, attempts kept in order, schedules
+claimed once, a rate limit shared by every worker, and several processes' worth of workers on
+one store."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from headwater.webhooks.state import (
+    Attempt,
+    InvalidTransition,
+    StateStore,
+    Status,
+    UnknownMessage,
+)
+from headwater.webhooks.state.redis import RedisState
+from headwater.webhooks.state.sqlite import SqliteState
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[type]:
+    """Opens stores of the test's backend on the same data (as another process would)."""
+    opened: list[StateStore] = []
+    prefix = f"test:{uuid.uuid4().hex[:10]}:"
+
+    def open_() -> StateStore:
+        if request.param == "sqlite":
+            store: StateStore = SqliteState(tmp_path / "webhooks.sqlite")
+        else:
+            service = request.getfixturevalue("redis_service")
+            store = RedisState(service.url, prefix=prefix)
+        opened.append(store)
+        return store
+
+    yield open_  # type: ignore[misc]
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(open_store) -> StateStore:
+    return open_store()
+
+
+def test_arrival_dedups_on_source_and_message_id(store: StateStore) -> None:
+    created, first = store.arrive("github", "m1", "ci", b'{"a": 1}', 100.0)
+    assert created and first.status is Status.ARRIVED and first.payload == b'{"a": 1}'
+    again, existing = store.arrive("github", "m1", "other", b'{"a": 2}', 101.0)
+    assert not again
+    assert existing.receiver == "ci" and existing.payload == b'{"a": 1}'
+    assert existing.created_at == 100.0
+    other_source, _ = store.arrive("gitlab", "m1", "ci", b"{}", 102.0)
+    assert other_source
+    assert store.get("github", "nope") is None
+
+
+def test_the_status_machine_and_its_history(store: StateStore) -> None:
+    store.arrive("s", "m", "r", b"{}", 1.0)
+    store.advance("s", "m", Status.DELIVERED_TO_RECEIVER, 2.0)
+    store.advance("s", "m", Status.RESPONSE_RECEIVED_FROM_RECEIVER, 3.0, response=b'{"ok": 1}')
+    done = store.advance("s", "m", Status.DONE, 4.0)
+    assert done.status is Status.DONE and done.response == b'{"ok": 1}'
+    assert [(t.status, t.at) for t in done.history] == [
+        (Status.ARRIVED, 1.0),
+        (Status.DELIVERED_TO_RECEIVER, 2.0),
+        (Status.RESPONSE_RECEIVED_FROM_RECEIVER, 3.0),
+        (Status.DONE, 4.0),
+    ]
+    with pytest.raises(InvalidTransition) as refused:
+        store.advance("s", "m", Status.FAILED, 5.0, reason="late")
+    assert refused.value.current is Status.DONE
+    with pytest.raises(UnknownMessage):
+        store.advance("s", "missing", Status.DELIVERED_TO_RECEIVER, 5.0)
+
+
+def test_no_skipping_and_failed_keeps_its_reason(store: StateStore) -> None:
+    store.arrive("s", "m", "r", b"{}", 1.0)
+    with pytest.raises(InvalidTransition):
+        store.advance("s", "m", Status.DONE, 2.0)
+    failed = store.advance("s", "m", Status.FAILED, 3.0, reason="receiver answered 400")
+    assert failed.status is Status.FAILED and failed.reason == "receiver answered 400"
+    assert failed.history[-1].reason == "receiver answered 400"
+    with pytest.raises(InvalidTransition):
+        store.advance("s", "m", Status.DELIVERED_TO_RECEIVER, 4.0)
+
+
+def test_attempts_are_kept_in_order(store: StateStore) -> None:
+    store.arrive("s", "m", "r", b"{}", 1.0)
+    first = Attempt(2.0, "deliver", 503, 12.5, "busy", "")
+    second = Attempt(7.0, "deliver", None, 15000.0, "", "timed out after 15 s")
+    store.record_attempt("s", "m", first)
+    store.record_attempt("s", "m", second)
+    state = store.get("s", "m")
+    assert state is not None
+    assert state.attempts == (first, second)
+    assert state.tries("deliver") == 2 and state.tries("poll") == 0
+    with pytest.raises(UnknownMessage):
+        store.record_attempt("s", "missing", first)
+
+
+def test_a_schedule_is_claimed_once_earliest_first(open_store) -> None:
+    a, b = open_store(), open_store()
+    a.schedule("retry", "s", "late", 50.0)
+    a.schedule("retry", "s", "early", 10.0)
+    a.schedule("retry", "s", "moved", 5.0)
+    a.schedule("retry", "s", "moved", 500.0)  # scheduling again moves it
+    a.schedule("poll", "s", "other-kind", 1.0)
+    assert a.take_due("retry", 9.0, 10) == []
+    assert b.take_due("retry", 60.0, 1) == [("s", "early")]
+    assert a.take_due("retry", 60.0, 10) == [("s", "late")]
+    assert b.take_due("retry", 60.0, 10) == []
+    assert a.take_due("retry", 600.0, 10) == [("s", "moved")]
+    assert b.take_due("poll", 600.0, 10) == [("s", "other-kind")]
+
+
+def test_claims_by_concurrent_workers_never_overlap(open_store) -> None:
+    stores = [open_store() for _ in range(3)]
+    for i in range(300):
+        stores[0].schedule("retry", "s", f"m{i}", float(i))
+    claimed: list[list[tuple[str, str]]] = [[] for _ in stores]
+
+    def worker(k: int) -> None:
+        while batch := stores[k].take_due("retry", 1000.0, 7):
+            claimed[k].extend(batch)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    every = [m for c in claimed for m in c]
+    assert sorted(every) == sorted(("s", f"m{i}") for i in range(300))
+    assert len(every) == len(set(every))
+
+
+def test_the_rate_limit_is_shared_and_evenly_spaced(open_store) -> None:
+    stores = [open_store() for _ in range(3)]
+    receiver = f"ci-{uuid.uuid4().hex[:6]}"
+    granted: list[float] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + 1.0
+
+    def worker(k: int) -> None:
+        while time.monotonic() < deadline:
+            wait = stores[k].acquire(receiver, 50, 1.0)  # 50 per second
+            if wait == 0:
+                with lock:
+                    granted.append(time.monotonic())
+            else:
+                assert 0 < wait <= 0.02 + 1e-3
+                time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    # one second at 50/s, spaced 20 ms apart: 50, +1 for the window's edge
+    assert 45 <= len(granted) <= 51, len(granted)
