@@ -1,0 +1,167 @@
+"""A real HTTP webhook receiver (or sender's callback endpoint) for tests: an aiohttp server on
+a free loopback port, in a thread of its own, that records every request, verifies its Standard
+Webhooks signature with the ``standardwebhooks`` library, and answers as the test scripts it:
+any status, body and headers (a 429 with Retry-After), a delay (a timeout), or a reset after
+reading the body (the ambiguous failure: the request arrived, its answer did not)::
+
+    with running_receiver(SECRET, script=lambda n, r: Reply(503) if n < 2 else Reply(200, b"{}"))
+        as receiver:
+        ... receiver.url, receiver.status_url ...
+        receiver.requests  # every request, with .verified
+
+``GET /status/{message_id}`` answers 404 for a message never received, else what
+``status_script`` says (default: 200 with the result it was answered with, or 202 when the
+message was accepted without one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int = 200
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+    reset: bool = False  # close the connection after reading the body, with no answer
+
+
+@dataclass(frozen=True)
+class Received:
+    method: str
+    path: str
+    message_id: str
+    headers: dict[str, str]
+    body: bytes
+    at: float
+    verified: bool
+
+
+Script = Callable[[int, Received], Reply]  # (how many requests came before, this one)
+
+
+@dataclass
+class Receiver:
+    url: str
+    status_url: str
+    requests: list[Received] = field(default_factory=list)
+    answered: dict[str, Reply] = field(default_factory=dict)  # last successful reply per id
+
+    def posts(self, message_id: str | None = None) -> list[Received]:
+        return [
+            r
+            for r in self.requests
+            if r.method == "POST" and (message_id is None or r.message_id == message_id)
+        ]
+
+
+def _verifier(secret: str | None) -> Callable[[bytes, dict[str, str]], bool]:
+    if secret is None:
+        return lambda body, headers: False
+    from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+    hook = Webhook(secret)
+
+    def verified(body: bytes, headers: dict[str, str]) -> bool:
+        try:
+            hook.verify(body, headers, json_parse=False)
+        except WebhookVerificationError:
+            return False
+        return True
+
+    return verified
+
+
+@contextmanager
+def running_receiver(
+    secret: str | None,
+    script: Script | None = None,
+    status_script: Script | None = None,
+) -> Iterator[Receiver]:
+    """Serve until the block ends; ``secret`` (whsec_...) verifies the signatures."""
+    verified = _verifier(secret)
+    loop = asyncio.new_event_loop()
+    receiver = Receiver(url="", status_url="")
+    lock = threading.Lock()
+
+    def record(request: web.Request, body: bytes) -> Received:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        received = Received(
+            request.method,
+            request.path,
+            request.match_info.get("message_id") or headers.get("webhook-id", ""),
+            headers,
+            body,
+            time.time(),
+            verified(body, headers),
+        )
+        with lock:
+            receiver.requests.append(received)
+        return received
+
+    async def answer(request: web.Request, reply: Reply) -> web.StreamResponse:
+        if reply.delay_s:
+            await asyncio.sleep(reply.delay_s)
+        if reply.reset:
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response(status=499)  # never arrives: the connection is gone
+        return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+
+    async def post(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        received = record(request, body)
+        with lock:
+            count = len(receiver.requests) - 1
+        reply = script(count, received) if script else Reply()
+        if 200 <= reply.status < 300 and not reply.reset:
+            receiver.answered[received.message_id] = reply
+        return await answer(request, reply)
+
+    async def status(request: web.Request) -> web.StreamResponse:
+        received = record(request, b"")
+        if status_script is not None:
+            with lock:
+                count = len(receiver.requests) - 1
+            return await answer(request, status_script(count, received))
+        if not receiver.posts(received.message_id):
+            return web.Response(status=404)
+        done = receiver.answered.get(received.message_id)
+        if done is None or not done.body:
+            return web.Response(status=202)
+        return web.Response(status=200, body=done.body)
+
+    app = web.Application()
+    app.router.add_post("/hooks", post)
+    app.router.add_get("/status/{message_id}", status)
+    runner = web.AppRunner(app, access_log=None)
+    thread = threading.Thread(target=loop.run_forever, name="test-receiver", daemon=True)
+    thread.start()
+
+    async def start() -> int:
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server  # aiohttp keeps the bound socket here
+        assert server is not None
+        return int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+
+    port = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    receiver.url = f"http://127.0.0.1:{port}/hooks"
+    receiver.status_url = f"http://127.0.0.1:{port}/status/{{message_id}}"
+    try:
+        yield receiver
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
