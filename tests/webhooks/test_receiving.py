@@ -1,0 +1,193 @@
+"""The ToReceiver step against a real local receiver and the embedded state: sync results go to
+the sender, retries wait on the state's schedule, an ambiguous failure is resolved by asking the
+receiver before resending (no duplicate), 410 and 4xx fail the message with a reason, a spent
+schedule gives up, a message already past ARRIVED is left alone, and the rate limit spaces the
+requests."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import pytest
+
+from headwater.testing.webhooks import Receiver, Reply, Script, running_receiver
+from headwater.webhooks.config import WebhooksConfig
+from headwater.webhooks.receiving import DELIVER, POLL, Receiving, Step
+from headwater.webhooks.state import MessageState, Status
+from headwater.webhooks.state.sqlite import SqliteState
+
+SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()
+T = TypeVar("T")
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, receiver: Receiver, **over: Any) -> None:
+        status_url = over.pop("status_url", None)
+        self.config = WebhooksConfig.model_validate(
+            {
+                "receivers": [
+                    {
+                        "name": "ci",
+                        "url": receiver.url,
+                        "status_url": status_url,
+                        "secret": SECRET,
+                        **over,
+                    }
+                ]
+            }
+        )
+        self.store = SqliteState(tmp_path / "state.sqlite")
+        self.responded: list[MessageState] = []
+
+    def run(self, make: Callable[[Receiving], Awaitable[T]]) -> T:
+        async def go() -> T:
+            async with aiohttp.ClientSession() as session:
+
+                async def respond(state: MessageState) -> None:
+                    self.responded.append(state)
+
+                return await make(Receiving(self.store, self.config, session, respond))
+
+        return asyncio.run(go())
+
+    def step(self, message_id: str = "m1") -> Step:
+        return self.run(lambda r: r.to_receiver("github", message_id))
+
+    def arrive(self, message_id: str = "m1") -> None:
+        self.store.arrive("github", message_id, "ci", b'{"n": 1}', time.time())
+
+    def status(self, message_id: str = "m1") -> MessageState:
+        state = self.store.get("github", message_id)
+        assert state is not None
+        return state
+
+
+def scripted(*replies: Reply) -> Script:
+    return lambda n, r: replies[min(n, len(replies) - 1)]
+
+
+def test_a_sync_result_goes_to_the_sender(tmp_path: Path) -> None:
+    with running_receiver(SECRET, scripted(Reply(200, b'{"build": 1}'))) as receiver:
+        h = Harness(tmp_path, receiver)
+        h.arrive()
+        assert h.step() is Step.RESPONDED
+        assert h.step() is Step.SKIPPED  # already past ARRIVED: never sent twice
+    state = h.status()
+    assert state.status is Status.RESPONSE_RECEIVED_FROM_RECEIVER
+    assert state.response == b'{"build": 1}'
+    assert [t.status for t in state.history] == [
+        Status.ARRIVED,
+        Status.DELIVERED_TO_RECEIVER,
+        Status.RESPONSE_RECEIVED_FROM_RECEIVER,
+    ]
+    assert [s.key for s in h.responded] == [("github", "m1")]
+    assert len(receiver.posts()) == 1 and receiver.posts()[0].verified
+
+
+def test_a_transient_failure_waits_on_the_schedule(tmp_path: Path) -> None:
+    replies = scripted(Reply(503, headers={"Retry-After": "30"}), Reply(200, b"{}"))
+    with running_receiver(SECRET, replies) as receiver:
+        h = Harness(tmp_path, receiver)
+        h.arrive()
+        assert h.step() is Step.SCHEDULED
+        now = time.time()
+        assert h.store.take_due(DELIVER, now + 29, 10) == []  # Retry-After: 30 s at least
+        assert h.store.take_due(DELIVER, now + 31, 10) == [("github", "m1")]
+        assert h.step() is Step.RESPONDED
+    assert [a.status_code for a in h.status().attempts] == [503, 200]
+
+
+def test_an_ambiguous_failure_is_asked_about_not_resent(tmp_path: Path) -> None:
+    known = Reply(200, b'{"build": 2}')
+    with running_receiver(
+        SECRET, scripted(Reply(reset=True)), status_script=lambda n, r: known
+    ) as receiver:
+        h = Harness(tmp_path, receiver, status_url=receiver.status_url)
+        h.arrive()
+        assert h.step() is Step.SCHEDULED  # no answer: it may have arrived
+        assert h.step() is Step.RESPONDED  # the receiver knows it: its result, no resend
+        assert len(receiver.posts()) == 1
+    state = h.status()
+    assert state.response == b'{"build": 2}'
+    assert [(a.kind, a.status_code) for a in state.attempts] == [("deliver", None), ("poll", 200)]
+
+
+def test_a_timed_out_delivery_that_arrived_is_not_resent(tmp_path: Path) -> None:
+    with running_receiver(SECRET, scripted(Reply(200, delay_s=1.0), Reply(200, b"{}"))) as receiver:
+        h = Harness(tmp_path, receiver, status_url=receiver.status_url, timeout_s=0.2)
+        h.arrive()
+        assert h.step() is Step.SCHEDULED
+        # the slow POST did arrive; the status says "known, pending" (202): polled, not resent
+        assert h.step() is Step.PENDING
+        assert len(receiver.posts()) == 1
+        assert h.store.take_due(POLL, time.time() + 5, 10) == [("github", "m1")]
+
+
+def test_an_ambiguous_failure_the_receiver_never_saw_is_resent(tmp_path: Path) -> None:
+    replies = scripted(Reply(reset=True), Reply(200, b"{}"))
+    with running_receiver(SECRET, replies, status_script=lambda n, r: Reply(404)) as receiver:
+        h = Harness(tmp_path, receiver, status_url=receiver.status_url)
+        h.arrive()
+        assert h.step() is Step.SCHEDULED
+        assert h.step() is Step.RESPONDED  # 404: it never saw it, so it is sent again
+        assert len(receiver.posts()) == 2
+    kinds = [(a.kind, a.status_code) for a in h.status().attempts]
+    assert kinds == [("deliver", None), ("poll", 404), ("deliver", 200)]
+
+
+def test_accepted_without_a_status_url_is_the_response(tmp_path: Path) -> None:
+    with running_receiver(SECRET, scripted(Reply(202))) as receiver:
+        h = Harness(tmp_path, receiver)
+        h.arrive()
+        assert h.step() is Step.RESPONDED
+    assert h.status().response == b'{"status": 202}'
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        (Reply(410), "the receiver ci is gone: the receiver answered 410"),
+        (Reply(400, b"no such repo"), "the receiver answered 400: no such repo"),
+    ],
+)
+def test_gone_and_terminal_answers_fail_the_message(
+    tmp_path: Path, reply: Reply, reason: str
+) -> None:
+    with running_receiver(SECRET, scripted(reply)) as receiver:
+        h = Harness(tmp_path, receiver)
+        h.arrive()
+        assert h.step() is Step.FAILED
+    state = h.status()
+    assert state.status is Status.FAILED and state.reason == reason
+    assert not h.responded
+
+
+def test_a_spent_schedule_gives_up(tmp_path: Path) -> None:
+    with running_receiver(SECRET, scripted(Reply(503))) as receiver:
+        h = Harness(tmp_path, receiver, retry_schedule_s=[0.0])
+        h.arrive()
+        assert h.step() is Step.SCHEDULED
+        assert h.step() is Step.FAILED
+    assert h.status().reason == "gave up after 2 attempts: the receiver answered 503"
+
+
+def test_the_rate_limit_spaces_requests(tmp_path: Path) -> None:
+    with running_receiver(SECRET, scripted(Reply(200, b"{}"))) as receiver:
+        h = Harness(tmp_path, receiver, rate_limit={"requests": 10, "per_s": 1.0})
+        ids = [f"m{i}" for i in range(12)]
+        for m in ids:
+            h.arrive(m)
+
+        async def all_of(r: Receiving) -> list[Step]:
+            return list(await asyncio.gather(*(r.to_receiver("github", m) for m in ids)))
+
+        assert h.run(all_of) == [Step.RESPONDED] * 12
+        times = sorted(p.at for p in receiver.posts())
+    # 10 per second, evenly spaced: 12 requests span at least 1.1 s
+    assert times[-1] - times[0] >= 1.0
