@@ -13,10 +13,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp
 import pytest
 
-from headwater.testing.webhooks import Receiver, Reply, Script, running_receiver
+from headwater.testing.webhooks import Receiver, Reply, Script, run_steps, running_receiver
 from headwater.webhooks.config import WebhooksConfig
 from headwater.webhooks.receiving import DELIVER, POLL, Receiving, Step
 from headwater.webhooks.state import MessageState, Status
@@ -46,15 +45,7 @@ class Harness:
         self.responded: list[MessageState] = []
 
     def run(self, make: Callable[[Receiving], Awaitable[T]]) -> T:
-        async def go() -> T:
-            async with aiohttp.ClientSession() as session:
-
-                async def respond(state: MessageState) -> None:
-                    self.responded.append(state)
-
-                return await make(Receiving(self.store, self.config, session, respond))
-
-        return asyncio.run(go())
+        return run_steps(self.store, self.config, self.responded, make)
 
     def step(self, message_id: str = "m1") -> Step:
         return self.run(lambda r: r.to_receiver("github", message_id))

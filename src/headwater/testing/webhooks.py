@@ -19,11 +19,20 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
+import aiohttp
 from aiohttp import web
+
+if TYPE_CHECKING:
+    from headwater.webhooks.config import WebhooksConfig
+    from headwater.webhooks.receiving import Receiving
+    from headwater.webhooks.state import MessageState, StateStore
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -165,3 +174,24 @@ def running_receiver(
         loop.call_soon_threadsafe(loop.stop)
         thread.join(30)
         loop.close()
+
+
+def run_steps(
+    store: StateStore,
+    config: WebhooksConfig,
+    responded: list[MessageState],
+    make: Callable[[Receiving], Awaitable[T]],
+) -> T:
+    """Run ``make`` (a worker step) with a fresh HTTP session; what the steps hand to the
+    sender is appended to ``responded``."""
+    from headwater.webhooks.receiving import Receiving
+
+    async def go() -> T:
+        async with aiohttp.ClientSession() as session:
+
+            async def respond(state: MessageState) -> None:
+                responded.append(state)
+
+            return await make(Receiving(store, config, session, respond))
+
+    return asyncio.run(go())

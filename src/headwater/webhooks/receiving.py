@@ -31,7 +31,7 @@ from headwater.webhooks.delivery import Outcome, Verdict, ask_status, deliver, n
 from headwater.webhooks.signing import Signer
 from headwater.webhooks.state.base import InvalidTransition, MessageState, StateStore, Status
 
-DELIVER, POLL = "deliver", "poll"  # the state's schedules
+DELIVER, POLL, CALLBACK = "deliver", "poll", "callback"  # the state's schedules
 FIRST_POLL_S = 1.0
 
 
@@ -39,8 +39,9 @@ class Step(StrEnum):
     RESPONDED = "responded"  # a response is on its way to the sender
     PENDING = "pending"  # accepted: a poll is scheduled
     SCHEDULED = "scheduled"  # a retry is scheduled
+    DONE = "done"  # the response reached the sender (or the sender wants none)
     FAILED = "failed"
-    SKIPPED = "skipped"  # not ARRIVED (anymore), or unknown
+    SKIPPED = "skipped"  # not in the status the step works on (anymore), or unknown
 
 
 @dataclass
@@ -75,7 +76,7 @@ class Receiving:
             return Step.SKIPPED
         receiver = self.config.receiver(state.receiver)
         if receiver is None:
-            return self._fail(state, f"no receiver named {state.receiver!r} is configured")
+            return self.fail(state, f"no receiver named {state.receiver!r} is configured")
         signer = self.signer(receiver)
         if _last_was_ambiguous(state) and receiver.status_url is not None:
             known = await ask_status(self.session, receiver, signer, message_id)
@@ -113,19 +114,20 @@ class Receiving:
         if outcome.verdict is Verdict.RETRY:
             return self._retry(state, receiver, outcome)
         if outcome.verdict is Verdict.GONE:
-            return self._fail(state, f"the receiver {receiver.name} is gone: {outcome.reason}")
-        return self._fail(state, outcome.reason)
+            return self.fail(state, f"the receiver {receiver.name} is gone: {outcome.reason}")
+        return self.fail(state, outcome.reason)
 
     def _retry(self, state: MessageState, receiver: ReceiverConfig, outcome: Outcome) -> Step:
         now = self.clock()
         tries = state.tries("deliver") + (1 if outcome.attempt.kind == "deliver" else 0)
         at = next_attempt_at(receiver, tries, now, outcome.retry_after_s)
         if at is None:
-            return self._fail(state, f"gave up after {tries} attempts: {outcome.reason}")
+            return self.fail(state, f"gave up after {tries} attempts: {outcome.reason}")
         self.store.schedule(DELIVER, *state.key, at)
         return Step.SCHEDULED
 
-    def _fail(self, state: MessageState, reason: str) -> Step:
+    def fail(self, state: MessageState, reason: str) -> Step:
+        """FAILED with ``reason`` (SKIPPED when another worker moved the message first)."""
         try:
             self.store.advance(*state.key, Status.FAILED, self.clock(), reason=reason)
         except InvalidTransition:

@@ -1,0 +1,79 @@
+"""The ToSender step (seed 004's ToSenderWorker, for one message): the receiver's response goes
+back to the sender's ``callback_url``, signed with the source's secret, as JSON::
+
+    {"message_id": "...", "receiver": "ci", "status": "RESPONSE_RECEIVED_FROM_RECEIVER",
+     "response": <the receiver's JSON, or {"text": "..."} when it was not JSON>}
+
+2xx: DONE. 408/429/5xx, no answer: retried on the state's ``callback`` schedule (Svix's waits)
+until it is spent, then FAILED; any other answer: FAILED. A source without a ``callback_url``
+wants no response: the message is DONE at once.
+"""
+
+from __future__ import annotations
+
+import json
+
+from headwater.webhooks.config import SVIX_RETRY_SCHEDULE_S, ReceiverConfig
+from headwater.webhooks.delivery import Verdict, deliver, next_attempt_at
+from headwater.webhooks.receiving import CALLBACK, Receiving, Step
+from headwater.webhooks.signing import Signer
+from headwater.webhooks.state.base import InvalidTransition, MessageState, Status
+
+
+def callback_body(state: MessageState) -> bytes:
+    raw = state.response or b""
+    try:
+        response = json.loads(raw) if raw.strip() else None
+    except ValueError:
+        response = {"text": raw.decode(errors="replace")}
+    return json.dumps(
+        {
+            "message_id": state.message_id,
+            "receiver": state.receiver,
+            "status": state.status.value,
+            "response": response,
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+async def to_sender(ctx: Receiving, source_id: str, message_id: str) -> Step:
+    state = ctx.store.get(source_id, message_id)
+    if state is None or state.status is not Status.RESPONSE_RECEIVED_FROM_RECEIVER:
+        return Step.SKIPPED
+    source = ctx.config.source(source_id)
+    if source is None or source.callback_url is None:
+        return _done(ctx, state)
+    # the callback's own endpoint, timeout and retries: a receiver-shaped config for delivery
+    endpoint = ReceiverConfig(
+        name=f"callback.{source.id}",
+        url=source.callback_url,
+        secret=source.secret,
+        retry_schedule_s=list(SVIX_RETRY_SCHEDULE_S),
+    )
+    signer = Signer.from_secrets(source.secret)
+    outcome = await deliver(
+        ctx.session, endpoint, signer, message_id, callback_body(state), kind="callback"
+    )
+    ctx.store.record_attempt(source_id, message_id, outcome.attempt)
+    if outcome.verdict in (Verdict.RESULT, Verdict.ACCEPTED):
+        return _done(ctx, state)
+    if outcome.verdict is Verdict.RETRY:
+        now = ctx.clock()
+        tries = state.tries("callback") + 1
+        at = next_attempt_at(endpoint, tries, now, outcome.retry_after_s)
+        if at is not None:
+            ctx.store.schedule(CALLBACK, source_id, message_id, at)
+            return Step.SCHEDULED
+        return ctx.fail(
+            state, f"callback to the sender gave up after {tries} attempts: {outcome.reason}"
+        )
+    return ctx.fail(state, f"the sender's callback refused the response: {outcome.reason}")
+
+
+def _done(ctx: Receiving, state: MessageState) -> Step:
+    try:
+        ctx.store.advance(*state.key, Status.DONE, ctx.clock())
+    except InvalidTransition:
+        return Step.SKIPPED
+    return Step.DONE

@@ -1,0 +1,100 @@
+"""The webhook topics on headwater's bus (seed 004) and the FromSender step: a message from
+``from_sender`` is deduplicated and recorded in the state, then routed to its receiver's topic.
+
+Topics: ``webhooks.from_sender`` (keyed by source id: a source's messages stay in order),
+``webhooks.to_receiver.<receiver>`` and ``webhooks.pending_from_receiver.<receiver>`` (one
+partition each: per-receiver order and limits), ``webhooks.to_sender``, and
+``webhooks.failed_messages``. A record's value is the message as JSON (:class:`WebhookMessage`);
+its key is ``<source_id>/<message_id>``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+
+from headwater.bus.records import Message
+from headwater.errors import TerminalError
+from headwater.webhooks.config import WebhooksConfig
+from headwater.webhooks.state.base import StateStore, Status
+
+PREFIX = "webhooks."
+FROM_SENDER = f"{PREFIX}from_sender"
+TO_SENDER = f"{PREFIX}to_sender"
+FAILED_MESSAGES = f"{PREFIX}failed_messages"
+
+
+def to_receiver(receiver: str) -> str:
+    return f"{PREFIX}to_receiver.{receiver}"
+
+
+def pending_from_receiver(receiver: str) -> str:
+    return f"{PREFIX}pending_from_receiver.{receiver}"
+
+
+class BadMessage(TerminalError):
+    """A record on a webhook topic that is not a webhook message."""
+
+    code = "HW-WH-201"
+
+
+@dataclass(frozen=True)
+class WebhookMessage:
+    source_id: str
+    message_id: str
+    receiver: str
+    payload: bytes  # the sender's JSON payload, as sent
+    reason: str = ""  # on failed_messages: why
+
+    @property
+    def key(self) -> bytes:
+        return f"{self.source_id}/{self.message_id}".encode()
+
+    def to_message(self) -> Message:
+        body = {
+            "source_id": self.source_id,
+            "message_id": self.message_id,
+            "receiver": self.receiver,
+            "payload": base64.b64encode(self.payload).decode(),
+        }
+        if self.reason:
+            body["reason"] = self.reason
+        return Message(json.dumps(body, separators=(",", ":")).encode(), key=self.key)
+
+    @classmethod
+    def from_value(cls, value: bytes) -> WebhookMessage:
+        try:
+            body = json.loads(value)
+            return cls(
+                source_id=str(body["source_id"]),
+                message_id=str(body["message_id"]),
+                receiver=str(body["receiver"]),
+                payload=base64.b64decode(body["payload"], validate=True),
+                reason=str(body.get("reason", "")),
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise BadMessage(f"not a webhook message ({type(e).__name__}: {e})") from None
+
+
+def from_sender(
+    store: StateStore, config: WebhooksConfig, message: WebhookMessage, now: float
+) -> list[tuple[str, Message]]:
+    """Dedup, record, route: what to append where (nothing for a message already known: the
+    sender sent it again, or this step ran before a crash and its record was read again; it is
+    routed again only while it is still ARRIVED, since the routing may not have been appended)."""
+    created, state = store.arrive(
+        message.source_id, message.message_id, message.receiver, message.payload, now
+    )
+    if not created and state.status is not Status.ARRIVED:
+        return []
+    # what was recorded first is what is delivered, whatever a repeat carries
+    message = WebhookMessage(state.source_id, state.message_id, state.receiver, state.payload)
+    if config.receiver(message.receiver) is None:
+        reason = f"no receiver named {message.receiver!r} is configured"
+        store.advance(message.source_id, message.message_id, Status.FAILED, now, reason=reason)
+        failed = WebhookMessage(
+            message.source_id, message.message_id, message.receiver, message.payload, reason
+        )
+        return [(FAILED_MESSAGES, failed.to_message())]
+    return [(to_receiver(message.receiver), message.to_message())]
