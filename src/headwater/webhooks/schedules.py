@@ -1,0 +1,52 @@
+"""The loop that runs what the state's schedules hold when it is due: retries of deliveries,
+polls of pending results, retries of callbacks. Every worker process may run it; the state hands
+each due entry to one claimant (``take_due``), and a step only acts on a message in the status
+it works on, so an entry claimed by a worker that then crashed is lost only if the process dies
+between the claim and the step's first state change (a sweep for such messages belongs to the
+Failed worker, not built yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from headwater.webhooks.callbacks import to_sender
+from headwater.webhooks.polling import poll
+from headwater.webhooks.receiving import CALLBACK, DELIVER, POLL, Receiving, Step
+
+log = logging.getLogger(__name__)
+IDLE_S = 0.05  # between looks at the schedules when nothing was due
+BATCH = 64  # entries claimed per schedule per look
+
+StepFn = Callable[[Receiving, str, str], Awaitable[Step]]
+
+
+async def _deliver(ctx: Receiving, source_id: str, message_id: str) -> Step:
+    return await ctx.to_receiver(source_id, message_id)
+
+
+STEPS: dict[str, StepFn] = {DELIVER: _deliver, POLL: poll, CALLBACK: to_sender}
+
+
+async def run_due(ctx: Receiving) -> int:
+    """Run every step due now (each schedule's earliest ``BATCH``); how many ran."""
+    ran = 0
+    for kind, step in STEPS.items():
+        due = ctx.store.take_due(kind, ctx.clock(), BATCH)
+        results = await asyncio.gather(*(step(ctx, s, m) for s, m in due), return_exceptions=True)
+        for (source_id, message_id), result in zip(due, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("webhooks: %s of %s/%s failed: %r", kind, source_id, message_id, result)
+        ran += len(due)
+    return ran
+
+
+async def run_schedules(ctx: Receiving, stop: asyncio.Event) -> None:
+    """Run due steps until ``stop`` is set."""
+    while not stop.is_set():
+        if await run_due(ctx) == 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), IDLE_S)
