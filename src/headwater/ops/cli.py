@@ -16,6 +16,7 @@ from headwater.ops.logs import setup_logging
 from headwater.ops.pipeline_cmds import pipeline_cmd
 from headwater.ops.sql_cmds import sql_cmd
 from headwater.ops.up import Listen, run
+from headwater.ops.webhooks_cmds import webhooks_group
 
 EXIT_ERROR = 1
 
@@ -56,6 +57,7 @@ cli.add_command(log_group)
 cli.add_command(failed_group)
 cli.add_command(pipeline_cmd)
 cli.add_command(sql_cmd)
+cli.add_command(webhooks_group)
 
 
 def _listen_options(f: Any) -> Any:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -35,11 +36,12 @@ from headwater.maven import KAFKA_BROKER, classpath, fetch
 from headwater.testing._service import stop_process, tail, wait_ready
 from headwater.testing.ports import free_port
 
+log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 20.0
 _FORMAT_TIMEOUT_S = 120.0
-_ATTEMPTS = 3  # fresh ports each time, in case another process took a free one
+_ATTEMPTS = 3  # fresh ports and folder each time
 # A broker's JVM: a small heap that grows as needed; C1 only unless told otherwise (tests start
 # many brokers and their work is light; a benchmark passes its own options)
 JVM_OPTIONS = ("-Xms64m", "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
@@ -176,11 +178,13 @@ def start_kafka(
             try:
                 _start(cluster)
                 break
-            except KafkaStartError:
-                logs = "\n".join(tail(n.log_path) for n in cluster.nodes)
+            except KafkaStartError as e:
+                # a port taken meanwhile, or a start that went wrong once: fresh ports and a
+                # fresh folder (what went wrong is logged, and raised the last time)
                 _stop(cluster)
-                if attempt == _ATTEMPTS or "Address already in use" not in logs:
+                if attempt == _ATTEMPTS:
                     raise
+                log.warning("Kafka did not start (attempt %d of %d): %s", attempt, _ATTEMPTS, e)
         assert cluster is not None
         yield cluster
     finally:

@@ -93,6 +93,33 @@ class MessageState:
     def tries(self, kind: str) -> int:
         return sum(1 for a in self.attempts if a.kind == kind)
 
+    def to_json(self) -> dict[str, object]:
+        """What the status endpoint and ``headwater webhooks status`` show (times in seconds
+        since the epoch; bodies as text, or base64 when they are not UTF-8)."""
+        return {
+            "source_id": self.source_id,
+            "message_id": self.message_id,
+            "receiver": self.receiver,
+            "status": self.status.value,
+            "reason": self.reason,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "response": None if self.response is None else _text(self.response),
+            "history": [
+                {"status": t.status.value, "at": t.at, "reason": t.reason} for t in self.history
+            ],
+            "attempts": [dict(a.__dict__) for a in self.attempts],
+        }
+
+
+def _text(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        import base64
+
+        return "base64:" + base64.b64encode(data).decode()
+
 
 def check_transition(key: tuple[str, str], current: Status, wanted: Status) -> None:
     if current not in ALLOWED_FROM[wanted]:
