@@ -29,7 +29,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from headwater.maven import KAFKA_BROKER, classpath, fetch
@@ -84,7 +84,6 @@ class KafkaCluster:
     nodes: list[KafkaNode]
     jars: list[Path]
     jvm_options: tuple[str, ...]
-    settings: dict[str, str] = field(default_factory=dict)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -238,7 +237,7 @@ def _layout(
             "".join(f"{k}={v}\n" for k, v in props.items())
         )
         (node.directory / "log4j2.properties").write_text(_LOG4J)
-    return KafkaCluster(nodes, jars, jvm_options, extra)
+    return KafkaCluster(nodes, jars, jvm_options)
 
 
 def _distinct_ports(n: int) -> list[int]:

@@ -16,7 +16,6 @@ import json
 from headwater.webhooks.config import SVIX_RETRY_SCHEDULE_S, ReceiverConfig
 from headwater.webhooks.delivery import Verdict, deliver, next_attempt_at
 from headwater.webhooks.receiving import CALLBACK, Receiving, Step
-from headwater.webhooks.signing import Signer
 from headwater.webhooks.state.base import InvalidTransition, MessageState, Status
 
 
@@ -51,9 +50,13 @@ async def to_sender(ctx: Receiving, source_id: str, message_id: str) -> Step:
         secret=source.secret,
         retry_schedule_s=list(SVIX_RETRY_SCHEDULE_S),
     )
-    signer = Signer.from_secrets(source.secret)
     outcome = await deliver(
-        ctx.session, endpoint, signer, message_id, callback_body(state), kind="callback"
+        ctx.session,
+        endpoint,
+        ctx.signer(endpoint),
+        message_id,
+        callback_body(state),
+        kind="callback",
     )
     ctx.store.record_attempt(source_id, message_id, outcome.attempt)
     if outcome.verdict in (Verdict.RESULT, Verdict.ACCEPTED):

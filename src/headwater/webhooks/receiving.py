@@ -54,12 +54,14 @@ class Receiving:
     session: aiohttp.ClientSession
     respond: Callable[[MessageState], Awaitable[None]]
     clock: Callable[[], float] = time.time
-    _signers: dict[str, Signer] = field(default_factory=dict)
+    _signers: dict[tuple[str, ...], Signer] = field(default_factory=dict)
 
-    def signer(self, receiver: ReceiverConfig) -> Signer:
-        signer = self._signers.get(receiver.name)
+    def signer(self, endpoint: ReceiverConfig) -> Signer:
+        """The signer of a receiver (or of a sender's callback), made once per set of secrets."""
+        secrets = tuple(endpoint.secret)
+        signer = self._signers.get(secrets)
         if signer is None:
-            signer = self._signers[receiver.name] = Signer.from_secrets(receiver.secret)
+            signer = self._signers[secrets] = Signer.from_secrets(secrets)
         return signer
 
     async def rate_limited(self, receiver: ReceiverConfig) -> None:

@@ -106,8 +106,7 @@ def connector_pattern(pattern: str, config: HeadwaterConfig) -> str:
     (``headwater-...``) and the failed store's, as with headwater's source."""
     from headwater.pipeline.source.offsets import INTERNAL_PREFIX
 
-    internal = "|".join(re.escape(t) + "$" for t in sorted({config.pipeline.failed_topic}) if t)
-    excluded = re.escape(INTERNAL_PREFIX) + (f"|{internal}" if internal else "")
+    excluded = f"{re.escape(INTERNAL_PREFIX)}|{re.escape(config.pipeline.failed_topic)}$"
     return f"(?!{excluded})(?:{pattern})"
 
 
