@@ -17,8 +17,9 @@ from headwater.testing.webhooks import Reply, Script, run_steps, running_receive
 from headwater.webhooks.callbacks import callback_body, to_sender
 from headwater.webhooks.config import WebhooksConfig
 from headwater.webhooks.polling import next_poll_in, poll
-from headwater.webhooks.receiving import CALLBACK, POLL, Receiving, Step
+from headwater.webhooks.receiving import Receiving, Step
 from headwater.webhooks.state import MessageState, Status
+from headwater.webhooks.state.base import CALLBACK, POLL
 from headwater.webhooks.state.sqlite import SqliteState
 
 RECEIVER_SECRET = "whsec_" + base64.b64encode(b"r" * 32).decode()

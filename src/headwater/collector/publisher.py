@@ -66,7 +66,6 @@ class Publisher:
                 ) from None
             except InvalidArgument as e:
                 raise bad_request(e.message) from None
-        self.admission.check()
         futures = self._append(batches)
         for topic, evs in by_topic.items():
             self.metrics.received(topic, evs, ctx.protocol)
@@ -74,6 +73,16 @@ class Publisher:
             for f in futures:
                 f.add_done_callback(self._after_received_ack)
             return
+        await self._durable(futures)
+        for topic, evs in by_topic.items():
+            self.metrics.published(topic, evs)
+
+    async def store(self, batches: dict[str, list[Message]]) -> None:
+        """Append validated ``batches`` and return once they are durable, whatever the ack
+        mode (the webhook intake's 202 means the message is on the log)."""
+        await self._durable(self._append(batches))
+
+    async def _durable(self, futures: list[Future[Sequence[Position]]]) -> None:
         try:
             await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         except BusUnavailable as e:
@@ -85,10 +94,9 @@ class Publisher:
             raise unavailable(
                 f"the log refused the events: {e.message}", self.retry_after_s
             ) from None
-        for topic, evs in by_topic.items():
-            self.metrics.published(topic, evs)
 
     def _append(self, batches: dict[str, list[Message]]) -> list[Future[Sequence[Position]]]:
+        self.admission.check()
         try:
             return self.bus.append_many(batches)
         except BusUnavailable as e:

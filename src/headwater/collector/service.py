@@ -27,6 +27,8 @@ from headwater.collector.protocols import jitsu, otlp, raccoon, segment
 from headwater.collector.protocols.body import decode_body
 from headwater.collector.publisher import Publisher
 from headwater.collector.routing import Router
+from headwater.webhooks.intake import WebhookIntake
+from headwater.webhooks.intake import to_body as webhook_body
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,8 @@ class Collector:
         self._trusted = [ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies]
         self.ready = False
         self.draining = False
+        # The webhook intake (``POST /webhooks/{source}``), when webhooks are configured.
+        self.webhooks: WebhookIntake | None = None
         # What else must be healthy for /readyz (``headwater up``: the pipeline's destinations):
         # returns the failing parts and why, empty when all is well.
         self.readiness: Callable[[], dict[str, str]] | None = None
@@ -267,6 +271,10 @@ class Collector:
     # -- HTTP -------------------------------------------------------------------------------
     async def http(self, req: HttpRequest) -> HttpResponse:
         """Every plain HTTP route of the collector."""
+        if self.webhooks is not None:
+            route = self.webhooks.route(req.method, req.path)
+            if route is not None:
+                return await self._webhook(req, *route)
         if req.method == "GET":
             return self._get(req.path)
         if req.method == "OPTIONS":  # a browser SDK's preflight
@@ -285,6 +293,33 @@ class Collector:
         if path == "/v1/logs":
             return await self._json_api(req, "otlp", "")
         return _plain(404, f"no such endpoint: POST {req.path}")
+
+    async def _webhook(
+        self, req: HttpRequest, method: str, source_id: str, message_id: str | None
+    ) -> HttpResponse:
+        intake = self.webhooks
+        assert intake is not None
+        headers: list[tuple[str, str]] = []
+        try:
+            intake.authorize(source_id, req.headers, req.query)
+            if message_id is not None:
+                status, doc = intake.status(source_id, message_id)
+            else:
+                body = decode_body(
+                    req.body,
+                    req.headers.get("content-encoding"),
+                    self.config.limits.max_body_bytes,
+                )
+                base = f"http://{req.headers.get('host', 'localhost')}"
+                status, doc = await intake.post(source_id, body, req.headers, base)
+                if status == 202:
+                    headers.append(("location", doc["status_url"]))
+        except Rejected as e:
+            self.refused(e, "webhooks", None, req.peer)
+            status, doc = e.status, {"error": e.reason}
+            if e.retry_after is not None:
+                headers.append(("retry-after", str(e.retry_after)))
+        return HttpResponse(status, webhook_body(doc), JSON, headers)
 
     def _get(self, path: str) -> HttpResponse:
         if path == "/healthz":

@@ -10,6 +10,7 @@ WebSockets close with 1001, and the bus is flushed and closed (persisting offset
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import signal
 from collections.abc import Callable
@@ -21,7 +22,12 @@ from headwater.config.model import HeadwaterConfig
 from headwater.pipeline.config import DestinationConfig
 
 if TYPE_CHECKING:
+    from headwater.collector.service import Collector
     from headwater.pipeline.runner import Pipeline
+    from headwater.webhooks.state import StateStore
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -46,9 +52,10 @@ async def serve(
     echo: Callable[[str], None] = print,
     stop: asyncio.Event | None = None,
     with_pipeline: bool = False,
+    with_webhooks: bool | None = None,
 ) -> None:
     """Run the collector on the configured bus (and, ``with_pipeline``, the pipeline's
-    destinations) until ``stop`` is set (by SIGTERM/SIGINT when this runs in the main
+    destinations; ``with_webhooks``, by default with the pipeline, the webhook workers) until ``stop`` is set (by SIGTERM/SIGINT when this runs in the main
     thread)."""
     from headwater.collector.server import CollectorServer
     from headwater.collector.service import Collector
@@ -66,6 +73,9 @@ async def serve(
     bus: Bus | None = None
     server: CollectorServer | None = None
     pipeline: Pipeline | None = None
+    store: StateStore | None = None
+    workers: asyncio.Task[None] | None = None
+    workers_stop = asyncio.Event()
     try:
         if config.bus.backend == "embedded":
             config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -86,6 +96,7 @@ async def serve(
             cfg.port if listen.port is None else listen.port,
             cfg.grpc_port if listen.grpc_port is None else listen.grpc_port,
         )
+        store = await open_webhooks(config, bus, collector)
         await server.start()
         ws = server.url.replace("http", "ws", 1)
         echo(f"headwater: health at {server.url}/healthz")
@@ -96,6 +107,18 @@ async def serve(
         )
         if server.grpc_port is not None:
             echo(f"headwater: gRPC EventService on {server.host}:{server.grpc_port}")
+        if store is not None:
+            echo(f"headwater: webhooks: POST {server.url}/webhooks/{{source_id}}")
+        if with_webhooks is None:
+            with_webhooks = with_pipeline
+        if with_webhooks and store is not None and config.webhooks.receivers:
+            from headwater.webhooks.worker import Workers
+
+            runner = Workers(config.webhooks, bus, store)
+            workers = asyncio.create_task(runner.run(workers_stop), name="webhooks")
+            workers.add_done_callback(lambda _: stop.set())  # they end early only on an error
+            names = ", ".join(r.name for r in config.webhooks.receivers)
+            echo(f"headwater: webhook workers running (receivers: {names})")
         if with_pipeline:
             pipeline = await asyncio.to_thread(start_pipeline, config, echo)
             collector.readiness = pipeline_readiness(pipeline)
@@ -105,6 +128,14 @@ async def serve(
     finally:
         if server is not None:
             await server.stop()
+        if workers is not None:
+            workers_stop.set()
+            try:
+                await workers
+            except Exception as e:
+                log.error("the webhook workers failed: %r", e)
+        if store is not None:
+            store.close()
         if pipeline is not None:
             await asyncio.to_thread(pipeline.stop)
         if bus is not None:
@@ -112,6 +143,23 @@ async def serve(
         for sig in installed:
             loop.remove_signal_handler(sig)
     echo("headwater: stopped")
+
+
+async def open_webhooks(
+    config: HeadwaterConfig, bus: Bus, collector: Collector
+) -> StateStore | None:
+    """The webhook intake on the collector, when webhooks are configured: the state it
+    dedups against and the topic it appends to."""
+    if not (config.webhooks.sources or config.webhooks.receivers):
+        return None
+    from headwater.webhooks.intake import WebhookIntake
+    from headwater.webhooks.routing import FROM_SENDER
+    from headwater.webhooks.state import open_state
+
+    store = await asyncio.to_thread(open_state, config)
+    await asyncio.to_thread(bus.create_topic, FROM_SENDER)
+    collector.webhooks = WebhookIntake(config.webhooks, store, collector.publisher)
+    return store
 
 
 def describe_destination(config: HeadwaterConfig, dest: DestinationConfig) -> str:

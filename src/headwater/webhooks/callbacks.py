@@ -4,9 +4,11 @@ back to the sender's ``callback_url``, signed with the source's secret, as JSON:
     {"message_id": "...", "receiver": "ci", "status": "RESPONSE_RECEIVED_FROM_RECEIVER",
      "response": <the receiver's JSON, or {"text": "..."} when it was not JSON>}
 
-2xx: DONE. 408/429/5xx, no answer: retried on the state's ``callback`` schedule (Svix's waits)
-until it is spent, then FAILED; any other answer: FAILED. A source without a ``callback_url``
-wants no response: the message is DONE at once.
+A callback is claimed in the state first (``begin_send``), so two workers never call back for
+the same message at once; after a worker died mid-callback the callback is sent again (the
+sender sees the same ``webhook-id``). 2xx: DONE. 408/429/5xx, no answer: retried on the state's
+``callback`` schedule (Svix's waits) until it is spent, then FAILED; any other answer: FAILED.
+A source without a ``callback_url`` wants no response: the message is DONE at once.
 """
 
 from __future__ import annotations
@@ -15,8 +17,14 @@ import json
 
 from headwater.webhooks.config import SVIX_RETRY_SCHEDULE_S, ReceiverConfig
 from headwater.webhooks.delivery import Verdict, deliver, next_attempt_at
-from headwater.webhooks.receiving import CALLBACK, Receiving, Step
-from headwater.webhooks.state.base import InvalidTransition, MessageState, Status
+from headwater.webhooks.receiving import SEND_GRACE_S, Receiving, Step
+from headwater.webhooks.state.base import (
+    CALLBACK,
+    Claim,
+    InvalidTransition,
+    MessageState,
+    Status,
+)
 
 
 def callback_body(state: MessageState) -> bytes:
@@ -50,6 +58,9 @@ async def to_sender(ctx: Receiving, source_id: str, message_id: str) -> Step:
         secret=source.secret,
         retry_schedule_s=list(SVIX_RETRY_SCHEDULE_S),
     )
+    now = ctx.clock()
+    if ctx.store.begin_send(*state.key, now, now + endpoint.timeout_s + SEND_GRACE_S) is Claim.BUSY:
+        return Step.SKIPPED  # another worker is calling back right now
     outcome = await deliver(
         ctx.session,
         endpoint,
@@ -68,10 +79,10 @@ async def to_sender(ctx: Receiving, source_id: str, message_id: str) -> Step:
         if at is not None:
             ctx.store.schedule(CALLBACK, source_id, message_id, at)
             return Step.SCHEDULED
-        return ctx.fail(
+        return await ctx.fail(
             state, f"callback to the sender gave up after {tries} attempts: {outcome.reason}"
         )
-    return ctx.fail(state, f"the sender's callback refused the response: {outcome.reason}")
+    return await ctx.fail(state, f"the sender's callback refused the response: {outcome.reason}")
 
 
 def _done(ctx: Receiving, state: MessageState) -> Step:

@@ -133,11 +133,22 @@ class WebhookStateConfig(Section):
 
 
 class WebhooksConfig(Section):
+    host: str = Field("127.0.0.1", description="Where `headwater webhooks` serves /healthz.")
+    port: int = Field(8090, ge=0, le=65535, description="Its port (0: any free port).")
     receivers: list[ReceiverConfig] = Field(default_factory=list)
     sources: list[WebhookSourceConfig] = Field(default_factory=list)
     state: WebhookStateConfig = Field(default_factory=WebhookStateConfig)
     max_payload_bytes: int = Field(
         1 << 20, gt=0, description="Largest message body accepted at intake."
+    )
+    claim_lease_s: float = Field(
+        60.0,
+        gt=0,
+        description="How long a due retry, poll or callback stays with the worker that took it; "
+        "if that worker stops, another takes it after this.",
+    )
+    concurrency: int = Field(
+        256, gt=0, description="Messages a worker process handles at once per topic."
     )
 
     @model_validator(mode="after")

@@ -11,8 +11,8 @@ poll asks the receiver's ``status_url``:
 from __future__ import annotations
 
 from headwater.webhooks.delivery import Verdict, ask_status
-from headwater.webhooks.receiving import POLL, Receiving, Step
-from headwater.webhooks.state.base import InvalidTransition, MessageState, Status
+from headwater.webhooks.receiving import Receiving, Step
+from headwater.webhooks.state.base import POLL, InvalidTransition, MessageState, Status
 
 MAX_POLL_INTERVAL_S = 60.0
 
@@ -23,10 +23,8 @@ def next_poll_in(polls: int) -> float:
 
 
 def delivered_at(state: MessageState) -> float:
-    return next(
-        (t.at for t in state.history if t.status is Status.DELIVERED_TO_RECEIVER),
-        state.created_at,
-    )
+    """When the message was (last) delivered: a retried poll has its ttl again."""
+    return state.last(Status.DELIVERED_TO_RECEIVER) or state.created_at
 
 
 async def poll(ctx: Receiving, source_id: str, message_id: str) -> Step:
@@ -35,7 +33,7 @@ async def poll(ctx: Receiving, source_id: str, message_id: str) -> Step:
         return Step.SKIPPED
     receiver = ctx.config.receiver(state.receiver)
     if receiver is None or receiver.status_url is None:
-        return ctx.fail(state, f"receiver {state.receiver!r} has no status_url to poll")
+        return await ctx.fail(state, f"receiver {state.receiver!r} has no status_url to poll")
     outcome = await ask_status(ctx.session, receiver, ctx.signer(receiver), message_id)
     ctx.store.record_attempt(source_id, message_id, outcome.attempt)
     now = ctx.clock()
@@ -56,7 +54,7 @@ async def poll(ctx: Receiving, source_id: str, message_id: str) -> Step:
         due = now + max(next_poll_in(state.tries("poll") + 1), outcome.retry_after_s or 0.0)
         if due - delivered_at(state) > receiver.ttl_s:
             waited = now - delivered_at(state)
-            return ctx.fail(state, f"no result from the receiver within {waited:.0f} s (ttl)")
+            return await ctx.fail(state, f"no result from the receiver within {waited:.0f} s (ttl)")
         ctx.store.schedule(POLL, source_id, message_id, due)
         return Step.PENDING
-    return ctx.fail(state, f"polling the receiver's status: {outcome.reason}")
+    return await ctx.fail(state, f"polling the receiver's status: {outcome.reason}")

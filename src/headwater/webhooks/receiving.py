@@ -1,18 +1,25 @@
 """The ToReceiver step (seed 004's ToReceiverWorker, for one message): take the receiver's rate
-limit, deliver, record the attempt, and move the message on by what the answer means:
+limit, claim the send, deliver, record the attempt, and move the message on by what the answer
+means:
 
-- a sync result: DELIVERED_TO_RECEIVER, then RESPONSE_RECEIVED_FROM_RECEIVER with the result,
-  handed to ``to_sender`` (the callback to the sender);
-- accepted for later: DELIVERED_TO_RECEIVER and a poll scheduled (``status_url``); a receiver
-  with no ``status_url`` has no result to give: its acceptance is the response;
+- a sync result: DELIVERED_TO_RECEIVER and RESPONSE_RECEIVED_FROM_RECEIVER with the result (one
+  atomic step), handed to ``respond`` (the ``to_sender`` topic: the callback to the sender);
+- accepted for later: DELIVERED_TO_RECEIVER, handed to ``pending`` (the
+  ``pending_from_receiver`` topic, whose worker schedules the polls of ``status_url``); a
+  receiver with no ``status_url`` has no result to give: its acceptance is the response;
 - transient: the next attempt goes on the state's ``deliver`` schedule (no worker sleeps on
   it); when the schedule is spent, FAILED;
-- gone (410) or terminal: FAILED with the reason.
+- gone (410): the receiver is disabled and the message FAILED; terminal: FAILED with the reason.
 
-Before sending again after an ambiguous failure (no answer: the request may have arrived), a
-receiver with a ``status_url`` is asked first: 404 means send; a known message is not sent
-again (its result, when there is one, is taken as the response). A message that is no longer
-ARRIVED (another worker, or a run before a crash, got further) is left alone.
+A send is claimed in the state first (``begin_send``): another worker never sends the same
+message at the same time, and a send whose worker died before recording the answer is known.
+Before sending again after such an ambiguous failure (the request may have arrived), a receiver
+with a ``status_url`` is asked first: 404 means send; a known message is not sent again (its
+result, when there is one, is taken as the response).
+
+The step may run again for a message it already handled (its record is read again after a
+crash, or a stale schedule entry fires): a message past ARRIVED has its hand-off (``pending``,
+``respond``) done again, which the next steps take at most once; DONE and FAILED are left alone.
 """
 
 from __future__ import annotations
@@ -29,10 +36,21 @@ import aiohttp
 from headwater.webhooks.config import ReceiverConfig, WebhooksConfig
 from headwater.webhooks.delivery import Outcome, Verdict, ask_status, deliver, next_attempt_at
 from headwater.webhooks.signing import Signer
-from headwater.webhooks.state.base import InvalidTransition, MessageState, StateStore, Status
+from headwater.webhooks.state.base import (
+    DELIVER,
+    POLL,
+    Claim,
+    InvalidTransition,
+    MessageState,
+    StateStore,
+    Status,
+)
 
-DELIVER, POLL, CALLBACK = "deliver", "poll", "callback"  # the state's schedules
 FIRST_POLL_S = 1.0
+SEND_GRACE_S = 5.0  # a send's claim outlives its timeout by this much
+DISABLED_RECHECK_S = 30.0  # a scheduled retry for a disabled receiver waits this long again
+
+Hook = Callable[[MessageState], Awaitable[None]]
 
 
 class Step(StrEnum):
@@ -46,15 +64,20 @@ class Step(StrEnum):
 
 @dataclass
 class Receiving:
-    """What the step needs: the state, the config, an HTTP session, and where responses go
-    (``respond(state)``: appends to ``to_sender``)."""
+    """What the steps need: the state, the config, an HTTP session, and the hand-offs to the
+    next steps: ``respond`` (a response for the sender: ``to_sender``), ``pending`` (a result
+    to poll for: ``pending_from_receiver``; by default the first poll is scheduled at once) and
+    ``failed`` (``failed_messages``; by default nothing)."""
 
     store: StateStore
     config: WebhooksConfig
     session: aiohttp.ClientSession
-    respond: Callable[[MessageState], Awaitable[None]]
+    respond: Hook
+    pending: Hook | None = None
+    failed: Hook | None = None
     clock: Callable[[], float] = time.time
     _signers: dict[tuple[str, ...], Signer] = field(default_factory=dict)
+    _disabled: tuple[float, frozenset[str]] = (0.0, frozenset())
 
     def signer(self, endpoint: ReceiverConfig) -> Signer:
         """The signer of a receiver (or of a sender's callback), made once per set of secrets."""
@@ -72,25 +95,66 @@ class Receiving:
         while (wait := self.store.acquire(receiver.name, limit.requests, limit.per_s)) > 0:
             await asyncio.sleep(wait)
 
+    def disabled(self, name: str) -> bool:
+        """Whether the receiver is disabled (the state's flags, looked up once a second)."""
+        at, names = self._disabled
+        now = time.monotonic()
+        if now - at > 1.0:
+            names = frozenset(n for n, r in self.store.receivers().items() if r.disabled)
+            self._disabled = (now, names)
+        return name in names
+
+    async def schedule_poll(self, state: MessageState) -> None:
+        """Schedule the first poll of a message delivered for a later result."""
+        delivered = state.last(Status.DELIVERED_TO_RECEIVER) or self.clock()
+        self.store.schedule(POLL, *state.key, delivered + FIRST_POLL_S)
+
     async def to_receiver(self, source_id: str, message_id: str) -> Step:
         state = self.store.get(source_id, message_id)
-        if state is None or state.status is not Status.ARRIVED:
+        if state is None:
             return Step.SKIPPED
+        if state.status is not Status.ARRIVED:
+            return await self.hand_on(state)
         receiver = self.config.receiver(state.receiver)
         if receiver is None:
-            return self.fail(state, f"no receiver named {state.receiver!r} is configured")
+            return await self.fail(state, f"no receiver named {state.receiver!r} is configured")
+        if self.disabled(receiver.name):
+            self.store.schedule(DELIVER, *state.key, self.clock() + DISABLED_RECHECK_S)
+            return Step.SCHEDULED
         signer = self.signer(receiver)
-        if _last_was_ambiguous(state) and receiver.status_url is not None:
+        await self.rate_limited(receiver)
+        claim = self._claim(state, receiver)
+        if claim is Claim.BUSY:
+            return Step.SKIPPED  # another worker is sending it
+        ambiguous = claim is Claim.INTERRUPTED or _last_was_ambiguous(state)
+        if ambiguous and receiver.status_url is not None:
             known = await ask_status(self.session, receiver, signer, message_id)
             self.store.record_attempt(source_id, message_id, known.attempt)
             if known.verdict in (Verdict.RESULT, Verdict.ACCEPTED):  # it did arrive
                 return await self._settle(state, receiver, known)
             if known.attempt.status_code != 404:  # cannot tell yet: ask again later
-                return self._retry(state, receiver, known)
-        await self.rate_limited(receiver)
+                return await self._retry(state, receiver, known)
+            await self.rate_limited(receiver)
+            if self._claim(state, receiver) is Claim.BUSY:
+                return Step.SKIPPED
         outcome = await deliver(self.session, receiver, signer, message_id, state.payload)
         self.store.record_attempt(source_id, message_id, outcome.attempt)
         return await self._settle(state, receiver, outcome)
+
+    def _claim(self, state: MessageState, receiver: ReceiverConfig) -> Claim:
+        now = self.clock()
+        return self.store.begin_send(*state.key, now, now + receiver.timeout_s + SEND_GRACE_S)
+
+    async def hand_on(self, state: MessageState) -> Step:
+        """Hand a message past ARRIVED on again (its step ran before, and may have stopped
+        between its state change and its hand-off)."""
+        if state.status is Status.DELIVERED_TO_RECEIVER:
+            await (self.pending or self.schedule_poll)(state)
+            return Step.PENDING
+        if state.status is Status.RESPONSE_RECEIVED_FROM_RECEIVER:
+            await self.respond(state)
+            return Step.RESPONDED
+        return Step.SKIPPED
 
     async def _settle(
         self, state: MessageState, receiver: ReceiverConfig, outcome: Outcome
@@ -100,45 +164,53 @@ class Receiving:
             if outcome.verdict is Verdict.RESULT or (
                 outcome.verdict is Verdict.ACCEPTED and receiver.status_url is None
             ):
-                self.store.advance(*state.key, Status.DELIVERED_TO_RECEIVER, now)
-                response = outcome.body or _accepted(outcome)
                 done = self.store.advance(
-                    *state.key, Status.RESPONSE_RECEIVED_FROM_RECEIVER, now, response=response
+                    *state.key,
+                    Status.RESPONSE_RECEIVED_FROM_RECEIVER,
+                    now,
+                    response=outcome.body or _accepted(outcome),
+                    via=Status.DELIVERED_TO_RECEIVER,
                 )
                 await self.respond(done)
                 return Step.RESPONDED
             if outcome.verdict is Verdict.ACCEPTED:
-                self.store.advance(*state.key, Status.DELIVERED_TO_RECEIVER, now)
-                self.store.schedule(POLL, *state.key, now + FIRST_POLL_S)
+                delivered = self.store.advance(*state.key, Status.DELIVERED_TO_RECEIVER, now)
+                await (self.pending or self.schedule_poll)(delivered)
                 return Step.PENDING
         except InvalidTransition:
             return Step.SKIPPED  # another worker moved it first
         if outcome.verdict is Verdict.RETRY:
-            return self._retry(state, receiver, outcome)
+            return await self._retry(state, receiver, outcome)
         if outcome.verdict is Verdict.GONE:
-            return self.fail(state, f"the receiver {receiver.name} is gone: {outcome.reason}")
-        return self.fail(state, outcome.reason)
+            reason = f"the receiver {receiver.name} is gone: {outcome.reason}"
+            self.store.set_receiver(receiver.name, True, reason, now)
+            self._disabled = (0.0, frozenset())
+            return await self.fail(state, reason)
+        return await self.fail(state, outcome.reason)
 
-    def _retry(self, state: MessageState, receiver: ReceiverConfig, outcome: Outcome) -> Step:
+    async def _retry(self, state: MessageState, receiver: ReceiverConfig, outcome: Outcome) -> Step:
         now = self.clock()
-        tries = state.tries("deliver") + (1 if outcome.attempt.kind == "deliver" else 0)
+        tries = state.tries(DELIVER) + (1 if outcome.attempt.kind == DELIVER else 0)
         at = next_attempt_at(receiver, tries, now, outcome.retry_after_s)
         if at is None:
-            return self.fail(state, f"gave up after {tries} attempts: {outcome.reason}")
+            return await self.fail(state, f"gave up after {tries} attempts: {outcome.reason}")
         self.store.schedule(DELIVER, *state.key, at)
         return Step.SCHEDULED
 
-    def fail(self, state: MessageState, reason: str) -> Step:
-        """FAILED with ``reason`` (SKIPPED when another worker moved the message first)."""
+    async def fail(self, state: MessageState, reason: str) -> Step:
+        """FAILED with ``reason``, handed to ``failed`` (SKIPPED when another worker moved the
+        message first)."""
         try:
-            self.store.advance(*state.key, Status.FAILED, self.clock(), reason=reason)
+            failed = self.store.advance(*state.key, Status.FAILED, self.clock(), reason=reason)
         except InvalidTransition:
             return Step.SKIPPED
+        if self.failed is not None:
+            await self.failed(failed)
         return Step.FAILED
 
 
 def _last_was_ambiguous(state: MessageState) -> bool:
-    delivers = [a for a in state.attempts if a.kind == "deliver"]
+    delivers = [a for a in state.attempts if a.kind == DELIVER]
     return bool(delivers) and delivers[-1].status_code is None
 
 

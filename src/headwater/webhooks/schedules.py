@@ -1,9 +1,10 @@
 """The loop that runs what the state's schedules hold when it is due: retries of deliveries,
 polls of pending results, retries of callbacks. Every worker process may run it; the state hands
-each due entry to one claimant (``take_due``), and a step only acts on a message in the status
-it works on, so an entry claimed by a worker that then crashed is lost only if the process dies
-between the claim and the step's first state change (a sweep for such messages belongs to the
-Failed worker, not built yet).
+each due entry to one claimant for ``claim_lease_s`` (``take_due`` with a lease), and the
+claimant releases it when its step is over (unless the step scheduled it again). An entry whose
+claimant died comes due again when the lease ends; a step only acts on a message in the status
+it works on, and sends are claimed once more in the state (``begin_send``), so running it again
+does no harm.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Awaitable, Callable
 
 from headwater.webhooks.callbacks import to_sender
 from headwater.webhooks.polling import poll
-from headwater.webhooks.receiving import CALLBACK, DELIVER, POLL, Receiving, Step
+from headwater.webhooks.receiving import Receiving, Step
+from headwater.webhooks.state.base import CALLBACK, DELIVER, POLL
 
 log = logging.getLogger(__name__)
 IDLE_S = 0.05  # between looks at the schedules when nothing was due
@@ -34,12 +36,16 @@ STEPS: dict[str, StepFn] = {DELIVER: _deliver, POLL: poll, CALLBACK: to_sender}
 async def run_due(ctx: Receiving) -> int:
     """Run every step due now (each schedule's earliest ``BATCH``); how many ran."""
     ran = 0
+    lease = ctx.config.claim_lease_s
     for kind, step in STEPS.items():
-        due = ctx.store.take_due(kind, ctx.clock(), BATCH)
+        now = ctx.clock()
+        due = ctx.store.take_due(kind, now, BATCH, lease)
         results = await asyncio.gather(*(step(ctx, s, m) for s, m in due), return_exceptions=True)
         for (source_id, message_id), result in zip(due, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("webhooks: %s of %s/%s failed: %r", kind, source_id, message_id, result)
+            else:
+                ctx.store.release(kind, source_id, message_id, now + lease)
         ran += len(due)
     return ran
 

@@ -25,7 +25,7 @@ class Status(StrEnum):
     FAILED = "FAILED"
 
 
-# status -> the statuses it may come from
+# status -> the statuses it may come from (a retry, ``StateStore.retry``, alone leaves FAILED)
 ALLOWED_FROM: dict[Status, frozenset[Status]] = {
     Status.ARRIVED: frozenset(),
     Status.DELIVERED_TO_RECEIVER: frozenset({Status.ARRIVED}),
@@ -36,6 +36,8 @@ ALLOWED_FROM: dict[Status, frozenset[Status]] = {
     ),
 }
 EXCERPT_BYTES = 512  # of a response body kept with an attempt
+# the schedules a retry goes back to, by the stage the message failed in
+DELIVER, POLL, CALLBACK = "deliver", "poll", "callback"
 
 
 class UnknownMessage(TerminalError):
@@ -91,7 +93,25 @@ class MessageState:
         return (self.source_id, self.message_id)
 
     def tries(self, kind: str) -> int:
-        return sum(1 for a in self.attempts if a.kind == kind)
+        """Attempts of ``kind`` since the message last (re)entered its current stage: a retried
+        message starts its schedule again."""
+        since = self.history[-1].at if self.history else 0.0
+        return sum(1 for a in self.attempts if a.kind == kind and a.at >= since)
+
+    def last(self, status: Status) -> float | None:
+        """When the message last became ``status``."""
+        return next((t.at for t in reversed(self.history) if t.status is status), None)
+
+    def resume_stage(self) -> tuple[Status, str]:
+        """Where a retry of this FAILED message starts, and on which schedule: the callback
+        again when the receiver's response is known, the poll when it was delivered and a
+        result is awaited, else the delivery."""
+        reached = {t.status for t in self.history}
+        if Status.RESPONSE_RECEIVED_FROM_RECEIVER in reached:
+            return Status.RESPONSE_RECEIVED_FROM_RECEIVER, CALLBACK
+        if Status.DELIVERED_TO_RECEIVER in reached:
+            return Status.DELIVERED_TO_RECEIVER, POLL
+        return Status.ARRIVED, DELIVER
 
     def to_json(self) -> dict[str, object]:
         """What the status endpoint and ``headwater webhooks status`` show (times in seconds
@@ -126,6 +146,37 @@ def check_transition(key: tuple[str, str], current: Status, wanted: Status) -> N
         raise InvalidTransition(key, current, wanted)
 
 
+def path_to(
+    status: Status, via: Status | None, retry: bool = False
+) -> tuple[frozenset[Status], list[Status]]:
+    """The statuses a message may be in before moving to ``status`` (through ``via``; a
+    ``retry`` from FAILED alone), and the transitions recorded."""
+    if retry:
+        return frozenset({Status.FAILED}), [status]
+    if via is None:
+        return ALLOWED_FROM[status], [status]
+    if via not in ALLOWED_FROM[status]:
+        raise ValueError(f"{status} cannot come from {via}")
+    return ALLOWED_FROM[via], [via, status]
+
+
+class Claim(StrEnum):
+    """The answer to ``begin_send``."""
+
+    CLAIMED = "claimed"  # send it
+    INTERRUPTED = "interrupted"  # send it, but an earlier send by a worker that stopped never
+    # recorded its answer: the request may have arrived
+    BUSY = "busy"  # another worker is sending it right now
+
+
+@dataclass(frozen=True)
+class ReceiverState:
+    name: str
+    disabled: bool
+    reason: str = ""
+    at: float = 0.0
+
+
 class StateStore(abc.ABC):
     """Thread-safe; every method is one atomic step, so several workers (threads, processes,
     machines for Redis) may share a store."""
@@ -150,9 +201,12 @@ class StateStore(abc.ABC):
         *,
         reason: str = "",
         response: bytes | None = None,
+        via: Status | None = None,
+        retry: bool = False,
     ) -> MessageState:
-        """Move the message to ``status`` (InvalidTransition when the machine does not allow
-        it from where it is; UnknownMessage when there is no such message)."""
+        """Move the message to ``status`` (through ``via`` first, in the same atomic step:
+        both transitions are recorded; with ``retry``, from FAILED only). InvalidTransition when the machine does not allow it
+        from where it is; UnknownMessage when there is no such message."""
 
     @abc.abstractmethod
     def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None: ...
@@ -163,9 +217,49 @@ class StateStore(abc.ABC):
         message and kind (scheduling again moves it)."""
 
     @abc.abstractmethod
-    def take_due(self, kind: str, now: float, limit: int) -> list[tuple[str, str]]:
+    def take_due(
+        self, kind: str, now: float, limit: int, lease_s: float = 0.0
+    ) -> list[tuple[str, str]]:
         """Claim up to ``limit`` messages of ``kind``'s schedule due by ``now``, earliest
-        first: each is taken off the schedule, so one claimant gets it."""
+        first, so that one claimant gets each. With ``lease_s`` a claimed entry is not removed
+        but moved to ``now + lease_s``: if the claimant dies, it comes due again; the claimant
+        ``release``s it when its step is over."""
+
+    @abc.abstractmethod
+    def release(self, kind: str, source_id: str, message_id: str, leased_until: float) -> None:
+        """Remove a leased entry, unless the step scheduled it again (its due time moved)."""
+
+    @abc.abstractmethod
+    def begin_send(self, source_id: str, message_id: str, now: float, until: float) -> Claim:
+        """Mark the message as being sent until ``until`` (``record_attempt`` clears the
+        mark). BUSY while another worker's mark stands; INTERRUPTED when an expired mark was
+        left by a worker that stopped before recording its answer."""
+
+    @abc.abstractmethod
+    def failed(
+        self, receiver: str | None = None, since: float | None = None, limit: int = 1000
+    ) -> list[MessageState]:
+        """FAILED messages (of ``receiver``, failed at or after ``since``), oldest first."""
+
+    @abc.abstractmethod
+    def set_receiver(self, name: str, disabled: bool, reason: str, now: float) -> None:
+        """Disable a receiver (a 410, or an operator) or enable it again."""
+
+    @abc.abstractmethod
+    def receivers(self) -> dict[str, ReceiverState]:
+        """Receivers that were ever disabled or enabled, by name."""
+
+    def retry(self, source_id: str, message_id: str, now: float) -> tuple[MessageState, str]:
+        """Send a FAILED message on from the stage it failed in (see ``resume_stage``): back to
+        that status and due at once on that stage's schedule. InvalidTransition when it is not
+        FAILED."""
+        state = self.get(source_id, message_id)
+        if state is None:
+            raise UnknownMessage(f"no message {source_id}/{message_id}")
+        status, kind = state.resume_stage()
+        resumed = self.advance(source_id, message_id, status, now, reason="retried", retry=True)
+        self.schedule(kind, source_id, message_id, now)
+        return resumed, kind
 
     @abc.abstractmethod
     def acquire(self, receiver: str, requests: int, per_s: float) -> float:

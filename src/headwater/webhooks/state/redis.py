@@ -5,7 +5,8 @@ on the server; the rate limit's clock is the server's (``TIME``), the same for e
 Keys (under ``prefix``): ``m:<source>\\0<id>`` a hash (receiver, status, payload, times, reason,
 response), ``h:<source>\\0<id>`` its history and ``a:<source>\\0<id>`` its attempts (lists of JSON),
 ``s:<kind>`` the schedule (a sorted set by due time), ``r:<receiver>`` the rate limit's
-theoretical arrival time.
+theoretical arrival time, ``f`` the FAILED messages (a sorted set by the time they failed),
+``rcv:<receiver>`` a receiver's disabled flag (a hash).
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ from typing import Any
 
 from headwater.errors import MissingDependencyError
 from headwater.webhooks.state.base import (
-    ALLOWED_FROM,
     Attempt,
+    Claim,
     InvalidTransition,
     MessageState,
+    ReceiverState,
     StateStore,
     Status,
     Transition,
     UnknownMessage,
+    path_to,
 )
 
 SEP = "\0"
@@ -36,18 +39,24 @@ redis.call('RPUSH', KEYS[2], ARGV[5])
 return 1
 """
 
-# KEYS: message hash, history; ARGV: status, now, reason, history entry, has response,
-# response, allowed previous statuses...
+# KEYS: message hash, history, failed set; ARGV: status, now, reason (kept when FAILED),
+# has response, response, member of the failed set, n history entries, the entries...,
+# allowed previous statuses...
 _ADVANCE = """
 local current = redis.call('HGET', KEYS[1], 'status')
 if not current then return {'missing'} end
+local n = tonumber(ARGV[7])
 local allowed = false
-for i = 7, #ARGV do if ARGV[i] == current then allowed = true end end
+for i = 8 + n, #ARGV do if ARGV[i] == current then allowed = true end end
 if not allowed then return {'refused', current} end
-redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[2])
-if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'reason', ARGV[3]) end
-if ARGV[5] == '1' then redis.call('HSET', KEYS[1], 'response', ARGV[6]) end
-redis.call('RPUSH', KEYS[2], ARGV[4])
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[2], 'reason', ARGV[3])
+if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'response', ARGV[5]) end
+for i = 8, 7 + n do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+if ARGV[1] == 'FAILED' then
+  redis.call('ZADD', KEYS[3], ARGV[2], ARGV[6])
+elseif current == 'FAILED' then
+  redis.call('ZREM', KEYS[3], ARGV[6])
+end
 return {'ok'}
 """
 
@@ -55,14 +64,39 @@ return {'ok'}
 _ATTEMPT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[1], 'sending_until')
 return 1
 """
 
-# KEYS: schedule; ARGV: now, limit
+# KEYS: schedule; ARGV: now, limit, lease (s; 0: remove)
 _TAKE_DUE = """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
-if #due > 0 then redis.call('ZREM', KEYS[1], unpack(due)) end
+if #due > 0 then
+  if tonumber(ARGV[3]) > 0 then
+    local until_ = tonumber(ARGV[1]) + tonumber(ARGV[3])
+    for _, m in ipairs(due) do redis.call('ZADD', KEYS[1], until_, m) end
+  else
+    redis.call('ZREM', KEYS[1], unpack(due))
+  end
+end
 return due
+"""
+
+# KEYS: schedule; ARGV: member, leased until
+_RELEASE = """
+local at = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if at and tonumber(at) == tonumber(ARGV[2]) then redis.call('ZREM', KEYS[1], ARGV[1]) end
+return 0
+"""
+
+# KEYS: message hash; ARGV: now, until. Returns claimed, interrupted, busy or missing.
+_BEGIN_SEND = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
+local mark = redis.call('HGET', KEYS[1], 'sending_until')
+if mark and tonumber(mark) > tonumber(ARGV[1]) then return 'busy' end
+redis.call('HSET', KEYS[1], 'sending_until', ARGV[2])
+if mark then return 'interrupted' end
+return 'claimed'
 """
 
 # GCRA. KEYS: the receiver's key; ARGV: interval (s). Returns the wait in seconds as text.
@@ -86,6 +120,11 @@ def _load_redis() -> Any:
     return redis
 
 
+def _split(member: bytes) -> tuple[str, str]:
+    source_id, message_id = member.decode().split(SEP, 1)
+    return source_id, message_id
+
+
 class RedisState(StateStore):
     def __init__(self, url: str, prefix: str = "headwater:webhooks:") -> None:
         self._redis = _load_redis().Redis.from_url(url, decode_responses=False)
@@ -94,6 +133,8 @@ class RedisState(StateStore):
         self._advance = self._redis.register_script(_ADVANCE)
         self._attempt = self._redis.register_script(_ATTEMPT)
         self._take_due = self._redis.register_script(_TAKE_DUE)
+        self._release = self._redis.register_script(_RELEASE)
+        self._begin_send = self._redis.register_script(_BEGIN_SEND)
         self._acquire = self._redis.register_script(_ACQUIRE)
 
     def _keys(self, source_id: str, message_id: str) -> tuple[str, str, str]:
@@ -142,13 +183,17 @@ class RedisState(StateStore):
         *,
         reason: str = "",
         response: bytes | None = None,
+        via: Status | None = None,
+        retry: bool = False,
     ) -> MessageState:
         message, history, _ = self._keys(source_id, message_id)
-        allowed = [s.value for s in ALLOWED_FROM[status]]
-        entry = json.dumps([status.value, now, reason])
-        args: list[Any] = [status.value, repr(now), reason, entry, "1" if response else "0"]
-        args += [response or b"", *allowed]
-        outcome = self._advance(keys=[message, history], args=args)
+        allowed, steps = path_to(status, via, retry)
+        entries = [json.dumps([step.value, now, reason]) for step in steps]
+        kept = reason if status is Status.FAILED else ""
+        args: list[Any] = [status.value, repr(now), kept, "1" if response else "0"]
+        args += [response or b"", f"{source_id}{SEP}{message_id}", len(entries), *entries]
+        args += [s.value for s in allowed]
+        outcome = self._advance(keys=[message, history, f"{self.prefix}f"], args=args)
         verdict = outcome[0].decode()
         if verdict == "missing":
             raise UnknownMessage(f"no message {source_id}/{message_id}")
@@ -166,12 +211,55 @@ class RedisState(StateStore):
     def schedule(self, kind: str, source_id: str, message_id: str, due_at: float) -> None:
         self._redis.zadd(f"{self.prefix}s:{kind}", {f"{source_id}{SEP}{message_id}": due_at})
 
-    def take_due(self, kind: str, now: float, limit: int) -> list[tuple[str, str]]:
-        due = self._take_due(keys=[f"{self.prefix}s:{kind}"], args=[repr(now), limit])
-        out = []
-        for member in due:
-            source_id, message_id = member.decode().split(SEP, 1)
-            out.append((source_id, message_id))
+    def take_due(
+        self, kind: str, now: float, limit: int, lease_s: float = 0.0
+    ) -> list[tuple[str, str]]:
+        due = self._take_due(
+            keys=[f"{self.prefix}s:{kind}"], args=[repr(now), limit, repr(lease_s)]
+        )
+        return [_split(member) for member in due]
+
+    def release(self, kind: str, source_id: str, message_id: str, leased_until: float) -> None:
+        self._release(
+            keys=[f"{self.prefix}s:{kind}"],
+            args=[f"{source_id}{SEP}{message_id}", repr(leased_until)],
+        )
+
+    def begin_send(self, source_id: str, message_id: str, now: float, until: float) -> Claim:
+        message, _, _ = self._keys(source_id, message_id)
+        answer = self._begin_send(keys=[message], args=[repr(now), repr(until)]).decode()
+        if answer == "missing":
+            raise UnknownMessage(f"no message {source_id}/{message_id}")
+        return Claim(answer)
+
+    def failed(
+        self, receiver: str | None = None, since: float | None = None, limit: int = 1000
+    ) -> list[MessageState]:
+        low = "-inf" if since is None else repr(since)
+        out: list[MessageState] = []
+        for member in self._redis.zrangebyscore(f"{self.prefix}f", low, "+inf"):
+            state = self.get(*_split(member))
+            if state is not None and receiver in (None, state.receiver):
+                out.append(state)
+                if len(out) >= limit:
+                    break
+        return out
+
+    def set_receiver(self, name: str, disabled: bool, reason: str, now: float) -> None:
+        self._redis.hset(
+            f"{self.prefix}rcv:{name}",
+            mapping={"disabled": int(disabled), "reason": reason, "at": repr(now)},
+        )
+
+    def receivers(self) -> dict[str, ReceiverState]:
+        out = {}
+        for key in self._redis.scan_iter(match=f"{self.prefix}rcv:*"):
+            name = key.decode()[len(self.prefix) + 4 :]
+            fields = {k.decode(): v.decode() for k, v in self._redis.hgetall(key).items()}
+            if fields:
+                out[name] = ReceiverState(
+                    name, fields["disabled"] == "1", fields["reason"], float(fields["at"])
+                )
         return out
 
     def acquire(self, receiver: str, requests: int, per_s: float) -> float:

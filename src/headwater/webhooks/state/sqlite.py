@@ -10,15 +10,19 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from headwater.webhooks.state.base import (
     Attempt,
+    Claim,
+    InvalidTransition,
     MessageState,
+    ReceiverState,
     StateStore,
     Status,
     Transition,
     UnknownMessage,
-    check_transition,
+    path_to,
 )
 
 BUSY_TIMEOUT_S = 30.0
@@ -27,16 +31,24 @@ CREATE TABLE IF NOT EXISTS messages (
     source_id TEXT NOT NULL, message_id TEXT NOT NULL, receiver TEXT NOT NULL,
     status TEXT NOT NULL, payload BLOB NOT NULL, created_at REAL NOT NULL,
     updated_at REAL NOT NULL, reason TEXT NOT NULL DEFAULT '', response BLOB,
-    history TEXT NOT NULL, attempts TEXT NOT NULL DEFAULT '[]',
+    history TEXT NOT NULL, attempts TEXT NOT NULL DEFAULT '[]', sending_until REAL,
     PRIMARY KEY (source_id, message_id)
 );
+CREATE INDEX IF NOT EXISTS messages_status ON messages (status, updated_at);
 CREATE TABLE IF NOT EXISTS schedule (
     kind TEXT NOT NULL, source_id TEXT NOT NULL, message_id TEXT NOT NULL, due_at REAL NOT NULL,
     PRIMARY KEY (kind, source_id, message_id)
 );
 CREATE INDEX IF NOT EXISTS schedule_due ON schedule (kind, due_at);
 CREATE TABLE IF NOT EXISTS rates (receiver TEXT PRIMARY KEY, tat REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS receivers (
+    name TEXT PRIMARY KEY, disabled INTEGER NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL
+);
 """
+_COLUMNS = (
+    "receiver, status, payload, created_at, updated_at, reason, response, history, attempts, "
+    "source_id, message_id"
+)
 
 
 class SqliteState(StateStore):
@@ -49,6 +61,9 @@ class SqliteState(StateStore):
         self._lock = threading.Lock()
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at each checkpoint
+        columns = {r[1] for r in self._conn.execute("PRAGMA table_info(messages)")}
+        if columns and "sending_until" not in columns:  # a file from before the column
+            self._conn.execute("ALTER TABLE messages ADD COLUMN sending_until REAL")
         for statement in filter(str.strip, _SCHEMA.split(";")):
             self._conn.execute(statement)
 
@@ -90,24 +105,27 @@ class SqliteState(StateStore):
         *,
         reason: str = "",
         response: bytes | None = None,
+        via: Status | None = None,
+        retry: bool = False,
     ) -> MessageState:
+        allowed, steps = path_to(status, via, retry)
         with self._tx() as c:
             state = self._read(c, source_id, message_id)
             if state is None:
                 raise UnknownMessage(f"no message {source_id}/{message_id}")
-            check_transition(state.key, state.status, status)
+            if state.status not in allowed:
+                raise InvalidTransition(state.key, state.status, status)
             history = [[t.status.value, t.at, t.reason] for t in state.history]
-            history.append([status.value, now, reason])
+            history += [[step.value, now, reason] for step in steps]
             c.execute(
                 "UPDATE messages SET status = ?, updated_at = ?, history = ?, "
-                "reason = CASE WHEN ? != '' THEN ? ELSE reason END, "
-                "response = COALESCE(?, response) WHERE source_id = ? AND message_id = ?",
+                "reason = ?, response = COALESCE(?, response) "
+                "WHERE source_id = ? AND message_id = ?",
                 (
                     status.value,
                     now,
                     json.dumps(history),
-                    reason,
-                    reason,
+                    reason if status is Status.FAILED else "",
                     response,
                     source_id,
                     message_id,
@@ -121,8 +139,8 @@ class SqliteState(StateStore):
         entry = json.dumps(attempt.__dict__)
         with self._tx() as c:
             changed = c.execute(
-                "UPDATE messages SET attempts = json_insert(attempts, '$[#]', json(?)) "
-                "WHERE source_id = ? AND message_id = ?",
+                "UPDATE messages SET attempts = json_insert(attempts, '$[#]', json(?)), "
+                "sending_until = NULL WHERE source_id = ? AND message_id = ?",
                 (entry, source_id, message_id),
             ).rowcount
         if not changed:
@@ -136,18 +154,78 @@ class SqliteState(StateStore):
                 (kind, source_id, message_id, due_at),
             )
 
-    def take_due(self, kind: str, now: float, limit: int) -> list[tuple[str, str]]:
+    def take_due(
+        self, kind: str, now: float, limit: int, lease_s: float = 0.0
+    ) -> list[tuple[str, str]]:
         with self._tx() as c:
             rows = c.execute(
                 "SELECT source_id, message_id FROM schedule WHERE kind = ? AND due_at <= ? "
                 "ORDER BY due_at LIMIT ?",
                 (kind, now, limit),
             ).fetchall()
-            c.executemany(
-                "DELETE FROM schedule WHERE kind = ? AND source_id = ? AND message_id = ?",
-                [(kind, s, m) for s, m in rows],
-            )
+            keys = [(kind, s, m) for s, m in rows]
+            if lease_s:
+                c.executemany(
+                    "UPDATE schedule SET due_at = ? "
+                    "WHERE kind = ? AND source_id = ? AND message_id = ?",
+                    [(now + lease_s, *k) for k in keys],
+                )
+            else:
+                c.executemany(
+                    "DELETE FROM schedule WHERE kind = ? AND source_id = ? AND message_id = ?",
+                    keys,
+                )
         return [(str(s), str(m)) for s, m in rows]
+
+    def release(self, kind: str, source_id: str, message_id: str, leased_until: float) -> None:
+        with self._tx() as c:
+            c.execute(
+                "DELETE FROM schedule WHERE kind = ? AND source_id = ? AND message_id = ? "
+                "AND due_at = ?",
+                (kind, source_id, message_id, leased_until),
+            )
+
+    def begin_send(self, source_id: str, message_id: str, now: float, until: float) -> Claim:
+        with self._tx() as c:
+            row = c.execute(
+                "SELECT sending_until FROM messages WHERE source_id = ? AND message_id = ?",
+                (source_id, message_id),
+            ).fetchone()
+            if row is None:
+                raise UnknownMessage(f"no message {source_id}/{message_id}")
+            if row[0] is not None and row[0] > now:
+                return Claim.BUSY
+            c.execute(
+                "UPDATE messages SET sending_until = ? WHERE source_id = ? AND message_id = ?",
+                (until, source_id, message_id),
+            )
+        return Claim.CLAIMED if row[0] is None else Claim.INTERRUPTED
+
+    def failed(
+        self, receiver: str | None = None, since: float | None = None, limit: int = 1000
+    ) -> list[MessageState]:
+        sql = f"SELECT {_COLUMNS} FROM messages WHERE status = ? AND updated_at >= ?"
+        args: list[object] = [Status.FAILED.value, since or 0.0]
+        if receiver is not None:
+            sql += " AND receiver = ?"
+            args.append(receiver)
+        with self._lock:
+            rows = self._conn.execute(f"{sql} ORDER BY updated_at LIMIT ?", (*args, limit))
+            return [_state(row) for row in rows.fetchall()]
+
+    def set_receiver(self, name: str, disabled: bool, reason: str, now: float) -> None:
+        with self._tx() as c:
+            c.execute(
+                "INSERT INTO receivers (name, disabled, reason, at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET disabled = excluded.disabled, "
+                "reason = excluded.reason, at = excluded.at",
+                (name, int(disabled), reason, now),
+            )
+
+    def receivers(self) -> dict[str, ReceiverState]:
+        with self._lock:
+            rows = self._conn.execute("SELECT name, disabled, reason, at FROM receivers")
+            return {n: ReceiverState(n, bool(d), r, at) for n, d, r, at in rows.fetchall()}
 
     def acquire(self, receiver: str, requests: int, per_s: float) -> float:
         interval = per_s / requests
@@ -171,23 +249,25 @@ class SqliteState(StateStore):
     @staticmethod
     def _read(c: sqlite3.Connection, source_id: str, message_id: str) -> MessageState | None:
         row = c.execute(
-            "SELECT receiver, status, payload, created_at, updated_at, reason, response, "
-            "history, attempts FROM messages WHERE source_id = ? AND message_id = ?",
+            f"SELECT {_COLUMNS} FROM messages WHERE source_id = ? AND message_id = ?",
             (source_id, message_id),
         ).fetchone()
-        if row is None:
-            return None
-        receiver, status, payload, created, updated, reason, response, history, attempts = row
-        return MessageState(
-            source_id=source_id,
-            message_id=message_id,
-            receiver=receiver,
-            status=Status(status),
-            payload=bytes(payload),
-            created_at=created,
-            updated_at=updated,
-            reason=reason,
-            response=bytes(response) if response is not None else None,
-            history=tuple(Transition(Status(s), at, r) for s, at, r in json.loads(history)),
-            attempts=tuple(Attempt(**a) for a in json.loads(attempts)),
-        )
+        return None if row is None else _state(row)
+
+
+def _state(row: tuple[Any, ...]) -> MessageState:
+    (receiver, status, payload, created, updated, reason, response, history, attempts) = row[:9]
+    source_id, message_id = row[9:]
+    return MessageState(
+        source_id=source_id,
+        message_id=message_id,
+        receiver=receiver,
+        status=Status(status),
+        payload=bytes(payload),
+        created_at=created,
+        updated_at=updated,
+        reason=reason,
+        response=bytes(response) if response is not None else None,
+        history=tuple(Transition(Status(s), at, r) for s, at, r in json.loads(history)),
+        attempts=tuple(Attempt(**a) for a in json.loads(attempts)),
+    )

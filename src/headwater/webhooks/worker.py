@@ -1,0 +1,302 @@
+"""The webhook workers of seed 004 over headwater's bus, in one process: a consumer per topic
+(per receiver for ``to_receiver``) and the loop of the state's schedules.
+
+- FromSender reads ``webhooks.from_sender``: dedup, record, route to ``to_receiver.<r>``.
+- ToReceiver reads ``webhooks.to_receiver.<r>`` (one consumer per receiver, so a disabled or
+  ordered receiver holds only its own messages): rate limit, send, and hand the message on to
+  ``to_sender`` (a result), ``pending_from_receiver.<r>`` (a result to come) or
+  ``failed_messages``.
+- FromReceiverAsync reads ``webhooks.pending_from_receiver.<r>`` and schedules the polls.
+- ToSender reads ``webhooks.to_sender`` and calls the sender back.
+- Failed reads ``webhooks.failed_messages`` and logs each failure; ``headwater webhooks failed``
+  lists, shows and retries them from the state.
+- The schedules loop runs due retries, polls and callbacks (:mod:`.schedules`).
+
+Each consumer commits a record's offset only once its step and its hand-offs are done (the
+hand-offs durably on the log), so a worker that dies leaves its records to be read again; the
+steps are safe to run twice (see :mod:`.receiving`). Several worker processes share the topics
+through consumer groups (Kafka) and the work of the schedules through the state (Redis, or the
+SQLite file on one machine); a ``to_receiver`` topic has one partition, so one process at a time
+reads a receiver's queue, while retries of its messages may run in any process: the rate limit
+lives in the state and holds across all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import aiohttp
+
+from headwater.bus.base import Bus, Consumer
+from headwater.bus.records import Message, Record, TopicPartition
+from headwater.errors import TerminalError
+from headwater.webhooks.callbacks import to_sender
+from headwater.webhooks.config import ReceiverConfig, WebhooksConfig
+from headwater.webhooks.receiving import Receiving, Step
+from headwater.webhooks.routing import (
+    FAILED_MESSAGES,
+    FROM_SENDER,
+    TO_SENDER,
+    WebhookMessage,
+    from_sender,
+    pending_from_receiver,
+    to_receiver,
+)
+from headwater.webhooks.schedules import run_schedules
+from headwater.webhooks.state.base import MessageState, StateStore, Status
+
+log = logging.getLogger(__name__)
+GROUP = "headwater-webhooks"
+POLL_RECORDS = 500
+IDLE_POLL_S = 0.2  # a consumer's wait for records when it has nothing in flight
+BUSY_POLL_S = 0.005
+HOLD_CHECK_S = 0.25  # how often a held receiver (disabled, or ordered behind a retry) looks again
+MAX_BACKOFF_S = 30.0
+
+Handle = Callable[[Record], Awaitable[None]]
+
+
+class Workers:
+    """Every webhook worker of one process, on ``bus`` and ``store``."""
+
+    def __init__(self, config: WebhooksConfig, bus: Bus, store: StateStore) -> None:
+        self.config = config
+        self.bus = bus
+        self.store = store
+        self.ctx: Receiving | None = None
+        self._stop = asyncio.Event()
+        self._grace_s = 10.0
+
+    def topics(self) -> dict[str, int | None]:
+        """Every topic the workers read or write, with its partition count (None: the bus's
+        default)."""
+        topics: dict[str, int | None] = {FROM_SENDER: None, TO_SENDER: None, FAILED_MESSAGES: 1}
+        for r in self.config.receivers:
+            topics[to_receiver(r.name)] = 1
+            topics[pending_from_receiver(r.name)] = 1
+        return topics
+
+    def create_topics(self) -> None:
+        for name, partitions in self.topics().items():
+            self.bus.create_topic(name, partitions)
+
+    async def run(self, stop: asyncio.Event, grace_s: float = 10.0) -> None:
+        """Run until ``stop`` is set; then finish what is in flight (for at most ``grace_s``)
+        and commit it."""
+        self._stop, self._grace_s = stop, grace_s
+        await asyncio.to_thread(self.create_topics)
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            self.ctx = ctx = Receiving(
+                self.store,
+                self.config,
+                session,
+                respond=self._respond,
+                pending=self._pending,
+                failed=self._failed,
+            )
+            loops = [
+                self._consume(stop, "from_sender", [FROM_SENDER], self._from_sender),
+                self._consume(stop, "pending", self._pending_topics(), self._schedule_poll),
+                self._consume(stop, "to_sender", [TO_SENDER], self._to_sender),
+                self._consume(stop, "failed", [FAILED_MESSAGES], self._log_failed),
+                run_schedules(ctx, stop),
+            ]
+            for r in self.config.receivers:
+                loops.append(
+                    self._consume(
+                        stop,
+                        f"to_receiver.{r.name}",
+                        [to_receiver(r.name)],
+                        self._receiving(r),
+                        1 if r.ordered else self.config.concurrency,
+                    )
+                )
+            tasks = [asyncio.create_task(loop) for loop in loops]
+            try:
+                await asyncio.gather(*tasks)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _pending_topics(self) -> list[str]:
+        return [pending_from_receiver(r.name) for r in self.config.receivers]
+
+    # -- hand-offs: appended durably before the record that caused them is committed ----------
+    async def _emit(self, topic: str, messages: Sequence[Message]) -> None:
+        await asyncio.wrap_future(self.bus.append(topic, messages))
+
+    async def _respond(self, state: MessageState) -> None:
+        out = WebhookMessage(
+            state.source_id, state.message_id, state.receiver, state.response or b""
+        )
+        await self._emit(TO_SENDER, [out.to_message()])
+
+    async def _pending(self, state: MessageState) -> None:
+        out = WebhookMessage(state.source_id, state.message_id, state.receiver, b"")
+        await self._emit(pending_from_receiver(state.receiver), [out.to_message()])
+
+    async def _failed(self, state: MessageState) -> None:
+        out = WebhookMessage(
+            state.source_id, state.message_id, state.receiver, state.payload, state.reason
+        )
+        await self._emit(FAILED_MESSAGES, [out.to_message()])
+
+    # -- the steps, one record each -----------------------------------------------------------
+    async def _from_sender(self, record: Record) -> None:
+        message = WebhookMessage.from_value(record.value)
+        routed = from_sender(self.store, self.config, message, time.time())
+        for topic, out in routed:
+            await self._emit(topic, [out])
+
+    def _receiving(self, receiver: ReceiverConfig) -> Handle:
+        async def handle(record: Record) -> None:
+            ctx = self.ctx
+            assert ctx is not None
+            message = WebhookMessage.from_value(record.value)
+            while ctx.disabled(receiver.name):  # held on the topic until enabled again
+                await self._hold()
+            step = await ctx.to_receiver(message.source_id, message.message_id)
+            if receiver.ordered and step is Step.SCHEDULED:
+                # strict FIFO: the receiver's next message waits for this one's retries
+                while (state := self.store.get(*_key(message))) is not None and (
+                    state.status is Status.ARRIVED
+                ):
+                    await self._hold()
+
+        return handle
+
+    async def _hold(self) -> None:
+        """Wait a moment before looking again; a stopping worker gives the record up."""
+        if self._stop.is_set():
+            raise asyncio.CancelledError
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), HOLD_CHECK_S)
+
+    async def _schedule_poll(self, record: Record) -> None:
+        assert self.ctx is not None
+        state = self.store.get(*_key(WebhookMessage.from_value(record.value)))
+        if state is not None and state.status is Status.DELIVERED_TO_RECEIVER:
+            await self.ctx.schedule_poll(state)
+
+    async def _to_sender(self, record: Record) -> None:
+        assert self.ctx is not None
+        message = WebhookMessage.from_value(record.value)
+        await to_sender(self.ctx, message.source_id, message.message_id)
+
+    async def _log_failed(self, record: Record) -> None:
+        message = WebhookMessage.from_value(record.value)
+        log.warning(
+            "webhooks: message %s/%s to %s FAILED: %s",
+            message.source_id,
+            message.message_id,
+            message.receiver,
+            message.reason,
+        )
+
+    # -- the consumer loop ------------------------------------------------------------------
+    async def _consume(
+        self,
+        stop: asyncio.Event,
+        name: str,
+        topics: list[str],
+        handle: Handle,
+        concurrency: int | None = None,
+    ) -> None:
+        """Read ``topics`` for the group ``headwater-webhooks.<name>``, run ``handle`` on up to
+        ``concurrency`` records at once, and commit, per partition, the offsets whose records
+        (and every one before them) are done."""
+        if not topics:
+            return
+        limit = concurrency or self.config.concurrency
+        loop = asyncio.get_running_loop()
+        pool = ThreadPoolExecutor(1, thread_name_prefix=f"webhooks-{name}")
+        consumer: Consumer = await loop.run_in_executor(
+            pool, self.bus.consumer, f"{GROUP}.{name}", topics
+        )
+        window: dict[TopicPartition, deque[tuple[int, asyncio.Task[None]]]] = {}
+        running: set[asyncio.Task[None]] = set()
+        try:
+            while not stop.is_set():
+                if len(running) >= limit:
+                    await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                else:
+                    wait = BUSY_POLL_S if running else IDLE_POLL_S
+                    n = min(POLL_RECORDS, limit - len(running))
+                    records = await loop.run_in_executor(pool, consumer.poll, n, wait)
+                    for r in records:
+                        task = asyncio.create_task(self._guarded(name, handle, r, stop))
+                        running.add(task)
+                        task.add_done_callback(running.discard)
+                        tp = TopicPartition(r.topic, r.partition)
+                        window.setdefault(tp, deque()).append((r.offset, task))
+                await self._commit(pool, consumer, window)
+            if running:  # finish what is in flight, within the grace the process has
+                await asyncio.wait(running, timeout=self._grace_s)
+            await self._commit(pool, consumer, window)
+        finally:
+            for t in running:
+                t.cancel()
+            await loop.run_in_executor(pool, consumer.close)
+            pool.shutdown(wait=False)
+
+    async def _commit(
+        self,
+        pool: ThreadPoolExecutor,
+        consumer: Consumer,
+        window: dict[TopicPartition, deque[tuple[int, asyncio.Task[None]]]],
+    ) -> None:
+        offsets: dict[TopicPartition, int] = {}
+        for tp, queue in window.items():
+            while queue and queue[0][1].done() and not queue[0][1].cancelled():
+                offsets[tp] = queue.popleft()[0] + 1
+        if offsets:
+            await asyncio.get_running_loop().run_in_executor(pool, consumer.commit, offsets)
+
+    async def _guarded(
+        self, name: str, handle: Handle, record: Record, stop: asyncio.Event
+    ) -> None:
+        """Run ``handle`` until it succeeds: a record that is not a webhook message is logged
+        and skipped; any other error (the state or the log unavailable) is retried with
+        backoff, the record staying uncommitted, until the worker stops."""
+        backoff = 0.5
+        while True:
+            try:
+                await handle(record)
+                return
+            except TerminalError as e:
+                log.error(
+                    "webhooks %s: skipping %s[%d]@%d: %s",
+                    name,
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    e,
+                )
+                return
+            except Exception as e:
+                log.error(
+                    "webhooks %s: %s[%d]@%d failed, trying again in %.1f s: %r",
+                    name,
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    backoff,
+                    e,
+                )
+            if stop.is_set():
+                raise asyncio.CancelledError
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+
+def _key(message: WebhookMessage) -> tuple[str, str]:
+    return (message.source_id, message.message_id)
