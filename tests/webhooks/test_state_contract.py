@@ -20,6 +20,7 @@ from headwater.webhooks.state import (
     Status,
     UnknownMessage,
 )
+from headwater.webhooks.state.base import CALLBACK, DELIVER, POLL, Claim, ReceiverState
 from headwater.webhooks.state.redis import RedisState
 from headwater.webhooks.state.sqlite import SqliteState
 
@@ -164,3 +165,103 @@ def test_the_rate_limit_is_shared_and_evenly_spaced(open_store) -> None:
         t.join(30)
     # one second at 50/s, spaced 20 ms apart: 50, +1 for the window's edge
     assert 45 <= len(granted) <= 51, len(granted)
+
+
+def test_a_leased_claim_comes_back_unless_released(open_store) -> None:
+    a, b = open_store(), open_store()
+    a.schedule("deliver", "s", "kept", 1.0)
+    a.schedule("deliver", "s", "died", 2.0)
+    a.schedule("deliver", "s", "again", 3.0)
+    assert a.take_due("deliver", 10.0, 10, lease_s=30.0) == [
+        ("s", "kept"),
+        ("s", "died"),
+        ("s", "again"),
+    ]
+    assert b.take_due("deliver", 39.0, 10, lease_s=30.0) == []  # leased to a until 40
+    a.release("deliver", "s", "kept", 40.0)  # its step is over
+    a.schedule("deliver", "s", "again", 100.0)  # its step scheduled it again
+    a.release("deliver", "s", "again", 40.0)  # so the release leaves it be
+    # "died" was never released (its claimant died): it comes due again after the lease
+    assert b.take_due("deliver", 41.0, 10, lease_s=30.0) == [("s", "died")]
+    b.release("deliver", "s", "died", 71.0)
+    assert b.take_due("deliver", 101.0, 10) == [("s", "again")]
+
+
+def test_a_send_is_claimed_by_one_worker_and_an_unanswered_one_is_known(open_store) -> None:
+    a, b = open_store(), open_store()
+    a.arrive("s", "m", "r", b"{}", 1.0)
+    assert a.begin_send("s", "m", 10.0, 20.0) is Claim.CLAIMED
+    assert b.begin_send("s", "m", 15.0, 25.0) is Claim.BUSY  # a is sending it
+    # a died before recording its answer: after the claim ran out the send is known
+    assert b.begin_send("s", "m", 21.0, 31.0) is Claim.INTERRUPTED
+    b.record_attempt("s", "m", Attempt(22.0, "deliver", 200, 1.0))  # answered: mark cleared
+    assert a.begin_send("s", "m", 23.0, 33.0) is Claim.CLAIMED
+    with pytest.raises(UnknownMessage):
+        a.begin_send("s", "missing", 1.0, 2.0)
+
+
+def test_failed_messages_are_listed_and_retried_from_the_stage_that_failed(store) -> None:
+    store.arrive("s", "never-sent", "ci", b"{}", 1.0)
+    store.advance("s", "never-sent", Status.FAILED, 2.0, reason="400")
+    store.arrive("s", "no-result", "ci", b"{}", 1.0)
+    store.advance("s", "no-result", Status.DELIVERED_TO_RECEIVER, 2.0)
+    store.advance("s", "no-result", Status.FAILED, 3.0, reason="ttl")
+    store.arrive("s", "no-callback", "other", b"{}", 1.0)
+    store.advance(
+        "s",
+        "no-callback",
+        Status.RESPONSE_RECEIVED_FROM_RECEIVER,
+        2.0,
+        response=b"{}",
+        via=Status.DELIVERED_TO_RECEIVER,
+    )
+    store.advance("s", "no-callback", Status.FAILED, 4.0, reason="callback 400")
+    store.arrive("s", "fine", "ci", b"{}", 1.0)
+    listed = [(m.message_id, m.reason) for m in store.failed()]
+    assert listed == [("never-sent", "400"), ("no-result", "ttl"), ("no-callback", "callback 400")]
+    assert [m.message_id for m in store.failed(receiver="ci", since=2.5)] == ["no-result"]
+    assert [m.message_id for m in store.failed(limit=1)] == ["never-sent"]
+    # a late step cannot bring a FAILED message back: only a retry does
+    with pytest.raises(InvalidTransition):
+        store.advance("s", "never-sent", Status.DELIVERED_TO_RECEIVER, 5.0)
+    expected = {
+        "never-sent": (Status.ARRIVED, DELIVER),
+        "no-result": (Status.DELIVERED_TO_RECEIVER, POLL),
+        "no-callback": (Status.RESPONSE_RECEIVED_FROM_RECEIVER, CALLBACK),
+    }
+    for message_id, (status, kind) in expected.items():
+        resumed, scheduled = store.retry("s", message_id, 10.0)
+        assert (resumed.status, scheduled, resumed.reason) == (status, kind, "")
+        assert resumed.history[-1].reason == "retried"
+        assert store.take_due(kind, 10.0, 10) == [("s", message_id)]
+    assert store.failed() == []
+    with pytest.raises(InvalidTransition):
+        store.retry("s", "fine", 11.0)
+
+
+def test_two_transitions_in_one_step(store) -> None:
+    store.arrive("s", "m", "r", b"{}", 1.0)
+    done = store.advance(
+        "s",
+        "m",
+        Status.RESPONSE_RECEIVED_FROM_RECEIVER,
+        2.0,
+        response=b"ok",
+        via=Status.DELIVERED_TO_RECEIVER,
+    )
+    assert [t.status for t in done.history] == [
+        Status.ARRIVED,
+        Status.DELIVERED_TO_RECEIVER,
+        Status.RESPONSE_RECEIVED_FROM_RECEIVER,
+    ]
+    with pytest.raises(InvalidTransition):  # not from where it is now
+        store.advance("s", "m", Status.DONE, 3.0, via=Status.RESPONSE_RECEIVED_FROM_RECEIVER)
+
+
+def test_receivers_are_disabled_and_enabled(open_store) -> None:
+    a, b = open_store(), open_store()
+    assert a.receivers() == {}
+    a.set_receiver("ci", True, "410 gone", 5.0)
+    assert b.receivers() == {"ci": ReceiverState("ci", True, "410 gone", 5.0)}
+    b.set_receiver("ci", False, "", 6.0)
+    assert not a.receivers()["ci"].disabled

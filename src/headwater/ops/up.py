@@ -55,8 +55,8 @@ async def serve(
     with_webhooks: bool | None = None,
 ) -> None:
     """Run the collector on the configured bus (and, ``with_pipeline``, the pipeline's
-    destinations; ``with_webhooks``, by default with the pipeline, the webhook workers) until ``stop`` is set (by SIGTERM/SIGINT when this runs in the main
-    thread)."""
+    destinations; ``with_webhooks``, by default with the pipeline, the webhook workers) until
+    ``stop`` is set (by SIGTERM/SIGINT when this runs in the main thread)."""
     from headwater.collector.server import CollectorServer
     from headwater.collector.service import Collector
 

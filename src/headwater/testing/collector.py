@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,11 +84,17 @@ async def _cancel_leftover_tasks() -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-class CollectorProcess:
-    """``headwater collector --port 0 --grpc-port 0`` as a child process; its stdout is read
-    line by line, its stderr goes to a file."""
+COLLECTOR_ROLE = ("collector", "--port", "0", "--grpc-port", "0")
 
-    def __init__(self, config_file: Path, stderr_path: Path) -> None:
+
+class CollectorProcess:
+    """``headwater collector --port 0 --grpc-port 0`` (or another server ``role``: ``webhooks
+    --port 0``) as a child process; its stdout is read line by line, its stderr goes to a
+    file."""
+
+    def __init__(
+        self, config_file: Path, stderr_path: Path, role: Sequence[str] = COLLECTOR_ROLE
+    ) -> None:
         self.stderr_path = stderr_path
         self._stderr: IO[bytes] = stderr_path.open("wb")
         env = {k: v for k, v in os.environ.items() if not k.startswith("HEADWATER_")}
@@ -99,11 +105,7 @@ class CollectorProcess:
                 "headwater",
                 "--config",
                 str(config_file),
-                "collector",
-                "--port",
-                "0",
-                "--grpc-port",
-                "0",
+                *role,
             ],
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -111,7 +113,7 @@ class CollectorProcess:
             env={**env, "PYTHONUNBUFFERED": "1"},
         )
         assert self.proc.stdout is not None
-        self.out = OutputLines(self.proc.stdout, "the collector", self.stderr)
+        self.out = OutputLines(self.proc.stdout, f"headwater {role[0]}", self.stderr)
 
     def wait_for_line(self, prefix: str) -> str:
         """The first stdout line starting with ``prefix``; fails at the deadline or at exit."""

@@ -28,6 +28,9 @@ import aiohttp
 from aiohttp import web
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from headwater.config.model import HeadwaterConfig
     from headwater.webhooks.config import WebhooksConfig
     from headwater.webhooks.receiving import Receiving
     from headwater.webhooks.state import MessageState, StateStore
@@ -195,3 +198,124 @@ def run_steps(
             return await make(Receiving(store, config, session, respond))
 
     return asyncio.run(go())
+
+
+@dataclass
+class RunningHeadwater:
+    """``serve`` (the collector with its webhook intake and the webhook workers) in a thread."""
+
+    url: str
+    loop: asyncio.AbstractEventLoop
+    stop_event: asyncio.Event
+    done: Future[None]
+    lines: list[str]
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop gracefully, as on SIGTERM; re-raises what ``serve`` raised."""
+        self.loop.call_soon_threadsafe(self.stop_event.set)
+        self.done.result(timeout)
+
+
+@contextmanager
+def running_headwater(
+    config: HeadwaterConfig, *, with_webhooks: bool = True, timeout: float = 60.0
+) -> Iterator[RunningHeadwater]:
+    """Serve ``config`` on a free loopback port (no gRPC, no pipeline) until the block ends."""
+    import queue
+
+    from headwater.ops.up import Listen, serve
+
+    config = config.model_copy(
+        update={"collector": config.collector.model_copy(update={"grpc_port": None})}
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    seen: list[str] = []
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="test-headwater", daemon=True)
+    thread.start()
+
+    async def make_event() -> asyncio.Event:
+        return asyncio.Event()
+
+    stop = asyncio.run_coroutine_threadsafe(make_event(), loop).result(timeout)
+    done = asyncio.run_coroutine_threadsafe(
+        serve(
+            config,
+            Listen("127.0.0.1", 0, None),
+            echo=lines.put,
+            stop=stop,
+            with_webhooks=with_webhooks,
+        ),
+        loop,
+    )
+    deadline = time.monotonic() + timeout
+    url = ""
+    while not url:
+        if done.done():
+            done.result()  # serve ended early: raise its error
+            raise AssertionError(f"headwater stopped before it was ready: {seen}")
+        try:
+            line = lines.get(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+        except queue.Empty:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"headwater was not ready in time: {seen}") from None
+            continue
+        seen.append(line)
+        if line.startswith("headwater: health at "):
+            url = line.split(" at ", 1)[1].removesuffix("/healthz")
+    running = RunningHeadwater(url, loop, stop, done, seen)
+    try:
+        yield running
+    finally:
+        if not done.done():
+            running.stop(timeout)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout)
+        loop.close()
+
+
+def post_json(
+    url: str, doc: object, headers: dict[str, str] | None = None, timeout: float = 30.0
+) -> tuple[int, dict[str, object]]:
+    """POST ``doc`` as JSON (``bytes`` as they are); (status, the JSON answer)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    request = urllib.request.Request(
+        url, data=data, headers={"content-type": "application/json", **(headers or {})}
+    )
+    return _answer(request, timeout)
+
+
+def get_json(
+    url: str, headers: dict[str, str] | None = None, timeout: float = 30.0
+) -> tuple[int, dict[str, object]]:
+    import urllib.request
+
+    return _answer(urllib.request.Request(url, headers=headers or {}), timeout)
+
+
+def _answer(request: object, timeout: float) -> tuple[int, dict[str, object]]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # type: ignore[arg-type]
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def wait_until(check: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
+    """``check()``'s first truthy answer, looked for every 20 ms until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not in {timeout:g} s: {what}")
+        time.sleep(0.02)

@@ -205,8 +205,9 @@ class StateStore(abc.ABC):
         retry: bool = False,
     ) -> MessageState:
         """Move the message to ``status`` (through ``via`` first, in the same atomic step:
-        both transitions are recorded; with ``retry``, from FAILED only). InvalidTransition when the machine does not allow it
-        from where it is; UnknownMessage when there is no such message."""
+        both transitions are recorded; with ``retry``, from FAILED only). InvalidTransition
+        when the machine does not allow it from where it is; UnknownMessage when there is no
+        such message."""
 
     @abc.abstractmethod
     def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None: ...
