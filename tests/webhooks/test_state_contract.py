@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -190,14 +191,21 @@ def test_a_leased_claim_comes_back_unless_released(open_store) -> None:
 def test_a_send_is_claimed_by_one_worker_and_an_unanswered_one_is_known(open_store) -> None:
     a, b = open_store(), open_store()
     a.arrive("s", "m", "r", b"{}", 1.0)
-    assert a.begin_send("s", "m", 10.0, 20.0) is Claim.CLAIMED
-    assert b.begin_send("s", "m", 15.0, 25.0) is Claim.BUSY  # a is sending it
+    read = b.get("s", "m")
+    assert read is not None
+    assert a.begin_send(read, 10.0, 20.0) is Claim.CLAIMED
+    assert b.begin_send(read, 15.0, 25.0) is Claim.BUSY  # a is sending it
     # a died before recording its answer: after the claim ran out the send is known
-    assert b.begin_send("s", "m", 21.0, 31.0) is Claim.INTERRUPTED
+    assert b.begin_send(read, 21.0, 31.0) is Claim.INTERRUPTED
     b.record_attempt("s", "m", Attempt(22.0, "deliver", 200, 1.0))  # answered: mark cleared
-    assert a.begin_send("s", "m", 23.0, 33.0) is Claim.CLAIMED
+    # a worker that read the message before that attempt may not send it again
+    assert a.begin_send(read, 23.0, 33.0) is Claim.MOVED
+    again = a.get("s", "m")
+    assert again is not None and a.begin_send(again, 23.0, 33.0) is Claim.CLAIMED
+    a.advance("s", "m", Status.FAILED, 24.0, reason="x")
+    assert b.begin_send(again, 25.0, 35.0) is Claim.MOVED  # its status moved on
     with pytest.raises(UnknownMessage):
-        a.begin_send("s", "missing", 1.0, 2.0)
+        a.begin_send(replace(read, message_id="missing"), 1.0, 2.0)
 
 
 def test_failed_messages_are_listed_and_retried_from_the_stage_that_failed(store) -> None:

@@ -59,8 +59,9 @@ async def to_sender(ctx: Receiving, source_id: str, message_id: str) -> Step:
         retry_schedule_s=list(SVIX_RETRY_SCHEDULE_S),
     )
     now = ctx.clock()
-    if ctx.store.begin_send(*state.key, now, now + endpoint.timeout_s + SEND_GRACE_S) is Claim.BUSY:
-        return Step.SKIPPED  # another worker is calling back right now
+    claim = ctx.store.begin_send(state, now, now + endpoint.timeout_s + SEND_GRACE_S)
+    if claim in (Claim.BUSY, Claim.MOVED):
+        return Step.SKIPPED  # another worker is calling back right now, or did
     outcome = await deliver(
         ctx.session,
         endpoint,

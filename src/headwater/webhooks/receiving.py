@@ -28,7 +28,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 import aiohttp
@@ -124,8 +124,8 @@ class Receiving:
         signer = self.signer(receiver)
         await self.rate_limited(receiver)
         claim = self._claim(state, receiver)
-        if claim is Claim.BUSY:
-            return Step.SKIPPED  # another worker is sending it
+        if claim in (Claim.BUSY, Claim.MOVED):
+            return Step.SKIPPED  # another worker is sending it, or has acted on it
         ambiguous = claim is Claim.INTERRUPTED or _last_was_ambiguous(state)
         if ambiguous and receiver.status_url is not None:
             known = await ask_status(self.session, receiver, signer, message_id)
@@ -135,7 +135,8 @@ class Receiving:
             if known.attempt.status_code != 404:  # cannot tell yet: ask again later
                 return await self._retry(state, receiver, known)
             await self.rate_limited(receiver)
-            if self._claim(state, receiver) is Claim.BUSY:
+            asked = replace(state, attempts=(*state.attempts, known.attempt))
+            if self._claim(asked, receiver) is not Claim.CLAIMED:
                 return Step.SKIPPED
         outcome = await deliver(self.session, receiver, signer, message_id, state.payload)
         self.store.record_attempt(source_id, message_id, outcome.attempt)
@@ -143,7 +144,7 @@ class Receiving:
 
     def _claim(self, state: MessageState, receiver: ReceiverConfig) -> Claim:
         now = self.clock()
-        return self.store.begin_send(*state.key, now, now + receiver.timeout_s + SEND_GRACE_S)
+        return self.store.begin_send(state, now, now + receiver.timeout_s + SEND_GRACE_S)
 
     async def hand_on(self, state: MessageState) -> Step:
         """Hand a message past ARRIVED on again (its step ran before, and may have stopped

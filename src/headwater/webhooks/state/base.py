@@ -167,6 +167,7 @@ class Claim(StrEnum):
     INTERRUPTED = "interrupted"  # send it, but an earlier send by a worker that stopped never
     # recorded its answer: the request may have arrived
     BUSY = "busy"  # another worker is sending it right now
+    MOVED = "moved"  # it changed since it was read: another worker acted on it
 
 
 @dataclass(frozen=True)
@@ -231,10 +232,12 @@ class StateStore(abc.ABC):
         """Remove a leased entry, unless the step scheduled it again (its due time moved)."""
 
     @abc.abstractmethod
-    def begin_send(self, source_id: str, message_id: str, now: float, until: float) -> Claim:
+    def begin_send(self, state: MessageState, now: float, until: float) -> Claim:
         """Mark the message as being sent until ``until`` (``record_attempt`` clears the
-        mark). BUSY while another worker's mark stands; INTERRUPTED when an expired mark was
-        left by a worker that stopped before recording its answer."""
+        mark), if it is still as ``state`` was read (the same status and number of attempts).
+        MOVED when it is not (another worker acted on it since), BUSY while another worker's
+        mark stands, INTERRUPTED when an expired mark was left by a worker that stopped before
+        recording its answer."""
 
     @abc.abstractmethod
     def failed(

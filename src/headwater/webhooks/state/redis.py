@@ -89,15 +89,19 @@ if at and tonumber(at) == tonumber(ARGV[2]) then redis.call('ZREM', KEYS[1], ARG
 return 0
 """
 
-# KEYS: message hash; ARGV: now, until. Returns claimed, interrupted, busy or missing.
+# KEYS: message hash, attempts; ARGV: now, until, expected status, expected attempts.
+# Returns claimed, interrupted, busy, moved or missing.
 _BEGIN_SEND = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return 'missing' end
+if status ~= ARGV[3] or redis.call('LLEN', KEYS[2]) ~= tonumber(ARGV[4]) then return 'moved' end
 local mark = redis.call('HGET', KEYS[1], 'sending_until')
 if mark and tonumber(mark) > tonumber(ARGV[1]) then return 'busy' end
 redis.call('HSET', KEYS[1], 'sending_until', ARGV[2])
 if mark then return 'interrupted' end
 return 'claimed'
 """
+
 
 # GCRA. KEYS: the receiver's key; ARGV: interval (s). Returns the wait in seconds as text.
 _ACQUIRE = """
@@ -225,11 +229,12 @@ class RedisState(StateStore):
             args=[f"{source_id}{SEP}{message_id}", repr(leased_until)],
         )
 
-    def begin_send(self, source_id: str, message_id: str, now: float, until: float) -> Claim:
-        message, _, _ = self._keys(source_id, message_id)
-        answer = self._begin_send(keys=[message], args=[repr(now), repr(until)]).decode()
+    def begin_send(self, state: MessageState, now: float, until: float) -> Claim:
+        message, _, attempts = self._keys(*state.key)
+        args = [repr(now), repr(until), state.status.value, len(state.attempts)]
+        answer = self._begin_send(keys=[message, attempts], args=args).decode()
         if answer == "missing":
-            raise UnknownMessage(f"no message {source_id}/{message_id}")
+            raise UnknownMessage(f"no message {state.source_id}/{state.message_id}")
         return Claim(answer)
 
     def failed(

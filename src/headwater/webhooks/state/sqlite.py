@@ -185,21 +185,25 @@ class SqliteState(StateStore):
                 (kind, source_id, message_id, leased_until),
             )
 
-    def begin_send(self, source_id: str, message_id: str, now: float, until: float) -> Claim:
+    def begin_send(self, state: MessageState, now: float, until: float) -> Claim:
         with self._tx() as c:
             row = c.execute(
-                "SELECT sending_until FROM messages WHERE source_id = ? AND message_id = ?",
-                (source_id, message_id),
+                "SELECT sending_until, status, json_array_length(attempts) FROM messages "
+                "WHERE source_id = ? AND message_id = ?",
+                state.key,
             ).fetchone()
             if row is None:
-                raise UnknownMessage(f"no message {source_id}/{message_id}")
-            if row[0] is not None and row[0] > now:
+                raise UnknownMessage(f"no message {state.source_id}/{state.message_id}")
+            mark, status, attempts = row
+            if status != state.status.value or attempts != len(state.attempts):
+                return Claim.MOVED
+            if mark is not None and mark > now:
                 return Claim.BUSY
             c.execute(
                 "UPDATE messages SET sending_until = ? WHERE source_id = ? AND message_id = ?",
-                (until, source_id, message_id),
+                (until, *state.key),
             )
-        return Claim.CLAIMED if row[0] is None else Claim.INTERRUPTED
+        return Claim.CLAIMED if mark is None else Claim.INTERRUPTED
 
     def failed(
         self, receiver: str | None = None, since: float | None = None, limit: int = 1000
