@@ -153,11 +153,11 @@ async def open_webhooks(
     if not (config.webhooks.sources or config.webhooks.receivers):
         return None
     from headwater.webhooks.intake import WebhookIntake
-    from headwater.webhooks.routing import FROM_SENDER
+    from headwater.webhooks.routing import Topics
     from headwater.webhooks.state import open_state
 
     store = await asyncio.to_thread(open_state, config)
-    await asyncio.to_thread(bus.create_topic, FROM_SENDER)
+    await asyncio.to_thread(bus.create_topic, Topics(config.webhooks.topic_prefix).from_sender)
     collector.webhooks = WebhookIntake(config.webhooks, store, collector.publisher)
     return store
 

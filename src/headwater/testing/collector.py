@@ -130,6 +130,9 @@ class CollectorProcess:
                     if response.status == 200:
                         return int(url.rsplit(":", 1)[1].split("/", 1)[0])
                     last = response.status
+            except urllib.error.HTTPError as e:  # answered, not 200 yet (starting)
+                e.close()
+                last = e.code
             except (urllib.error.URLError, OSError) as e:
                 last = e
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -306,7 +306,8 @@ def _answer(request: object, timeout: float) -> tuple[int, dict[str, object]]:
         with urllib.request.urlopen(request, timeout=timeout) as response:  # type: ignore[arg-type]
             return response.status, json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+        with e:
+            return e.code, json.loads(e.read() or b"{}")
 
 
 def wait_until(check: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:

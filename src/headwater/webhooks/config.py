@@ -124,6 +124,9 @@ class WebhookStateConfig(Section):
     )
     path: Path | None = Field(None, description="embedded: the file (default data_dir/webhooks).")
     redis_url: str | None = Field(None, description="redis: redis://host:port/db.")
+    redis_prefix: str = Field(
+        "headwater:webhooks:", min_length=1, description="redis: the prefix of every key."
+    )
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> WebhookStateConfig:
@@ -140,6 +143,11 @@ class WebhooksConfig(Section):
     state: WebhookStateConfig = Field(default_factory=WebhookStateConfig)
     max_payload_bytes: int = Field(
         1 << 20, gt=0, description="Largest message body accepted at intake."
+    )
+    topic_prefix: str = Field(
+        "webhooks.",
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="Prefix of the webhook topics (and of the workers' consumer groups).",
     )
     claim_lease_s: float = Field(
         60.0,

@@ -26,7 +26,7 @@ from headwater.collector.auth import WriteKeys, key_from_headers
 from headwater.collector.errors import Rejected, bad_request, too_large, unauthorized
 from headwater.collector.publisher import Publisher
 from headwater.webhooks.config import WebhooksConfig
-from headwater.webhooks.routing import FROM_SENDER, WebhookMessage
+from headwater.webhooks.routing import Topics, WebhookMessage
 from headwater.webhooks.state.base import MessageState, StateStore
 
 PREFIX = "/webhooks/"
@@ -39,6 +39,7 @@ class WebhookIntake:
         self.config = config
         self.store = store
         self.publisher = publisher
+        self.topic = Topics(config.topic_prefix).from_sender
         self._keys = {s.id: WriteKeys([s]) for s in config.sources if s.write_keys}  # type: ignore[list-item]
 
     def route(self, method: str, path: str) -> tuple[str, str, str | None] | None:
@@ -75,7 +76,7 @@ class WebhookIntake:
         known = self.store.get(source_id, message.message_id)
         if known is not None:
             return 200, {**summary(known), "status_url": url, "duplicate": True}
-        await self.publisher.store({FROM_SENDER: [message.to_message()]})
+        await self.publisher.store({self.topic: [message.to_message()]})
         return 202, {
             "source_id": source_id,
             "message_id": message.message_id,

@@ -19,18 +19,42 @@ from headwater.errors import TerminalError
 from headwater.webhooks.config import WebhooksConfig
 from headwater.webhooks.state.base import StateStore, Status
 
-PREFIX = "webhooks."
-FROM_SENDER = f"{PREFIX}from_sender"
-TO_SENDER = f"{PREFIX}to_sender"
-FAILED_MESSAGES = f"{PREFIX}failed_messages"
+
+@dataclass(frozen=True)
+class Topics:
+    """The topic names, under a prefix (``webhooks.topic_prefix``, default ``webhooks.``)."""
+
+    prefix: str = "webhooks."
+
+    @property
+    def from_sender(self) -> str:
+        return f"{self.prefix}from_sender"
+
+    @property
+    def to_sender(self) -> str:
+        return f"{self.prefix}to_sender"
+
+    @property
+    def failed_messages(self) -> str:
+        return f"{self.prefix}failed_messages"
+
+    def to_receiver(self, receiver: str) -> str:
+        return f"{self.prefix}to_receiver.{receiver}"
+
+    def pending_from_receiver(self, receiver: str) -> str:
+        return f"{self.prefix}pending_from_receiver.{receiver}"
+
+    def group(self, worker: str) -> str:
+        """The consumer group of a worker (``headwater-webhooks.from_sender``)."""
+        return f"headwater-{self.prefix}{worker}"
 
 
-def to_receiver(receiver: str) -> str:
-    return f"{PREFIX}to_receiver.{receiver}"
-
-
-def pending_from_receiver(receiver: str) -> str:
-    return f"{PREFIX}pending_from_receiver.{receiver}"
+DEFAULT = Topics()
+FROM_SENDER = DEFAULT.from_sender
+TO_SENDER = DEFAULT.to_sender
+FAILED_MESSAGES = DEFAULT.failed_messages
+to_receiver = DEFAULT.to_receiver
+pending_from_receiver = DEFAULT.pending_from_receiver
 
 
 class BadMessage(TerminalError):
@@ -90,11 +114,12 @@ def from_sender(
         return []
     # what was recorded first is what is delivered, whatever a repeat carries
     message = WebhookMessage(state.source_id, state.message_id, state.receiver, state.payload)
+    topics = Topics(config.topic_prefix)
     if config.receiver(message.receiver) is None:
         reason = f"no receiver named {message.receiver!r} is configured"
         store.advance(message.source_id, message.message_id, Status.FAILED, now, reason=reason)
         failed = WebhookMessage(
             message.source_id, message.message_id, message.receiver, message.payload, reason
         )
-        return [(FAILED_MESSAGES, failed.to_message())]
-    return [(to_receiver(message.receiver), message.to_message())]
+        return [(topics.failed_messages, failed.to_message())]
+    return [(topics.to_receiver(message.receiver), message.to_message())]

@@ -35,24 +35,15 @@ import aiohttp
 
 from headwater.bus.base import Bus, Consumer
 from headwater.bus.records import Message, Record, TopicPartition
-from headwater.errors import TerminalError
+from headwater.errors import HeadwaterError, TerminalError
 from headwater.webhooks.callbacks import to_sender
 from headwater.webhooks.config import ReceiverConfig, WebhooksConfig
 from headwater.webhooks.receiving import Receiving, Step
-from headwater.webhooks.routing import (
-    FAILED_MESSAGES,
-    FROM_SENDER,
-    TO_SENDER,
-    WebhookMessage,
-    from_sender,
-    pending_from_receiver,
-    to_receiver,
-)
+from headwater.webhooks.routing import Topics, WebhookMessage, from_sender
 from headwater.webhooks.schedules import run_schedules
 from headwater.webhooks.state.base import MessageState, StateStore, Status
 
 log = logging.getLogger(__name__)
-GROUP = "headwater-webhooks"
 POLL_RECORDS = 500
 IDLE_POLL_S = 0.2  # a consumer's wait for records when it has nothing in flight
 BUSY_POLL_S = 0.005
@@ -70,16 +61,22 @@ class Workers:
         self.bus = bus
         self.store = store
         self.ctx: Receiving | None = None
+        self.names = Topics(config.topic_prefix)
         self._stop = asyncio.Event()
         self._grace_s = 10.0
 
     def topics(self) -> dict[str, int | None]:
         """Every topic the workers read or write, with its partition count (None: the bus's
         default)."""
-        topics: dict[str, int | None] = {FROM_SENDER: None, TO_SENDER: None, FAILED_MESSAGES: 1}
+        t = self.names
+        topics: dict[str, int | None] = {
+            t.from_sender: None,
+            t.to_sender: None,
+            t.failed_messages: 1,
+        }
         for r in self.config.receivers:
-            topics[to_receiver(r.name)] = 1
-            topics[pending_from_receiver(r.name)] = 1
+            topics[t.to_receiver(r.name)] = 1
+            topics[t.pending_from_receiver(r.name)] = 1
         return topics
 
     def create_topics(self) -> None:
@@ -101,11 +98,12 @@ class Workers:
                 pending=self._pending,
                 failed=self._failed,
             )
+            t = self.names
             loops = [
-                self._consume(stop, "from_sender", [FROM_SENDER], self._from_sender),
+                self._consume(stop, "from_sender", [t.from_sender], self._from_sender),
                 self._consume(stop, "pending", self._pending_topics(), self._schedule_poll),
-                self._consume(stop, "to_sender", [TO_SENDER], self._to_sender),
-                self._consume(stop, "failed", [FAILED_MESSAGES], self._log_failed),
+                self._consume(stop, "to_sender", [t.to_sender], self._to_sender),
+                self._consume(stop, "failed", [t.failed_messages], self._log_failed),
                 run_schedules(ctx, stop),
             ]
             for r in self.config.receivers:
@@ -113,7 +111,7 @@ class Workers:
                     self._consume(
                         stop,
                         f"to_receiver.{r.name}",
-                        [to_receiver(r.name)],
+                        [t.to_receiver(r.name)],
                         self._receiving(r),
                         1 if r.ordered else self.config.concurrency,
                     )
@@ -127,7 +125,7 @@ class Workers:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     def _pending_topics(self) -> list[str]:
-        return [pending_from_receiver(r.name) for r in self.config.receivers]
+        return [self.names.pending_from_receiver(r.name) for r in self.config.receivers]
 
     # -- hand-offs: appended durably before the record that caused them is committed ----------
     async def _emit(self, topic: str, messages: Sequence[Message]) -> None:
@@ -137,17 +135,17 @@ class Workers:
         out = WebhookMessage(
             state.source_id, state.message_id, state.receiver, state.response or b""
         )
-        await self._emit(TO_SENDER, [out.to_message()])
+        await self._emit(self.names.to_sender, [out.to_message()])
 
     async def _pending(self, state: MessageState) -> None:
         out = WebhookMessage(state.source_id, state.message_id, state.receiver, b"")
-        await self._emit(pending_from_receiver(state.receiver), [out.to_message()])
+        await self._emit(self.names.pending_from_receiver(state.receiver), [out.to_message()])
 
     async def _failed(self, state: MessageState) -> None:
         out = WebhookMessage(
             state.source_id, state.message_id, state.receiver, state.payload, state.reason
         )
-        await self._emit(FAILED_MESSAGES, [out.to_message()])
+        await self._emit(self.names.failed_messages, [out.to_message()])
 
     # -- the steps, one record each -----------------------------------------------------------
     async def _from_sender(self, record: Record) -> None:
@@ -210,16 +208,16 @@ class Workers:
         handle: Handle,
         concurrency: int | None = None,
     ) -> None:
-        """Read ``topics`` for the group ``headwater-webhooks.<name>``, run ``handle`` on up to
-        ``concurrency`` records at once, and commit, per partition, the offsets whose records
-        (and every one before them) are done."""
+        """Read ``topics`` for the worker's group (``headwater-webhooks.<name>``), run
+        ``handle`` on up to ``concurrency`` records at once, and commit, per partition, the
+        offsets whose records (and every one before them) are done."""
         if not topics:
             return
         limit = concurrency or self.config.concurrency
         loop = asyncio.get_running_loop()
         pool = ThreadPoolExecutor(1, thread_name_prefix=f"webhooks-{name}")
         consumer: Consumer = await loop.run_in_executor(
-            pool, self.bus.consumer, f"{GROUP}.{name}", topics
+            pool, self.bus.consumer, self.names.group(name), topics
         )
         window: dict[TopicPartition, deque[tuple[int, asyncio.Task[None]]]] = {}
         running: set[asyncio.Task[None]] = set()
@@ -258,7 +256,10 @@ class Workers:
             while queue and queue[0][1].done() and not queue[0][1].cancelled():
                 offsets[tp] = queue.popleft()[0] + 1
         if offsets:
-            await asyncio.get_running_loop().run_in_executor(pool, consumer.commit, offsets)
+            try:
+                await asyncio.get_running_loop().run_in_executor(pool, consumer.commit, offsets)
+            except HeadwaterError as e:  # the partitions moved to another member: it reads
+                log.warning("webhooks: a commit was refused (%s); the records are read again", e)
 
     async def _guarded(
         self, name: str, handle: Handle, record: Record, stop: asyncio.Event

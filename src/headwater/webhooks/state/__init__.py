@@ -25,7 +25,7 @@ def open_state(config: HeadwaterConfig) -> StateStore:
         from headwater.webhooks.state.redis import RedisState
 
         assert state.redis_url is not None  # the config requires it
-        return RedisState(state.redis_url)
+        return RedisState(state.redis_url, prefix=state.redis_prefix)
     from headwater.webhooks.state.sqlite import SqliteState
 
     return SqliteState(config.webhooks_state_path())
