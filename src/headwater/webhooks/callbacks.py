@@ -20,6 +20,7 @@ from headwater.webhooks.delivery import Verdict, deliver, next_attempt_at
 from headwater.webhooks.receiving import SEND_GRACE_S, Receiving, Step
 from headwater.webhooks.state.base import (
     CALLBACK,
+    Attempt,
     Claim,
     InvalidTransition,
     MessageState,
@@ -70,9 +71,9 @@ async def to_sender(ctx: Receiving, source_id: str, message_id: str) -> Step:
         callback_body(state),
         kind="callback",
     )
-    ctx.store.record_attempt(source_id, message_id, outcome.attempt)
     if outcome.verdict in (Verdict.RESULT, Verdict.ACCEPTED):
-        return _done(ctx, state)
+        return _done(ctx, state, outcome.attempt)
+    ctx.store.record_attempt(source_id, message_id, outcome.attempt)
     if outcome.verdict is Verdict.RETRY:
         now = ctx.clock()
         tries = state.tries("callback") + 1
@@ -86,9 +87,11 @@ async def to_sender(ctx: Receiving, source_id: str, message_id: str) -> Step:
     return await ctx.fail(state, f"the sender's callback refused the response: {outcome.reason}")
 
 
-def _done(ctx: Receiving, state: MessageState) -> Step:
+def _done(ctx: Receiving, state: MessageState, attempt: Attempt | None = None) -> Step:
     try:
-        ctx.store.advance(*state.key, Status.DONE, ctx.clock())
+        ctx.store.advance(*state.key, Status.DONE, ctx.clock(), attempt=attempt)
     except InvalidTransition:
+        if attempt is not None:
+            ctx.store.record_attempt(*state.key, attempt)
         return Step.SKIPPED
     return Step.DONE

@@ -129,9 +129,9 @@ class Receiving:
         ambiguous = claim is Claim.INTERRUPTED or _last_was_ambiguous(state)
         if ambiguous and receiver.status_url is not None:
             known = await ask_status(self.session, receiver, signer, message_id)
-            self.store.record_attempt(source_id, message_id, known.attempt)
             if known.verdict in (Verdict.RESULT, Verdict.ACCEPTED):  # it did arrive
                 return await self._settle(state, receiver, known)
+            self.store.record_attempt(source_id, message_id, known.attempt)
             if known.attempt.status_code != 404:  # cannot tell yet: ask again later
                 return await self._retry(state, receiver, known)
             await self.rate_limited(receiver)
@@ -139,7 +139,6 @@ class Receiving:
             if self._claim(asked, receiver) is not Claim.CLAIMED:
                 return Step.SKIPPED
         outcome = await deliver(self.session, receiver, signer, message_id, state.payload)
-        self.store.record_attempt(source_id, message_id, outcome.attempt)
         return await self._settle(state, receiver, outcome)
 
     def _claim(self, state: MessageState, receiver: ReceiverConfig) -> Claim:
@@ -160,7 +159,10 @@ class Receiving:
     async def _settle(
         self, state: MessageState, receiver: ReceiverConfig, outcome: Outcome
     ) -> Step:
+        """Record the outcome's attempt (with the status change it brings, in one step) and
+        move the message on."""
         now = self.clock()
+        attempt = outcome.attempt
         try:
             if outcome.verdict is Verdict.RESULT or (
                 outcome.verdict is Verdict.ACCEPTED and receiver.status_url is None
@@ -171,15 +173,20 @@ class Receiving:
                     now,
                     response=outcome.body or _accepted(outcome),
                     via=Status.DELIVERED_TO_RECEIVER,
+                    attempt=attempt,
                 )
                 await self.respond(done)
                 return Step.RESPONDED
             if outcome.verdict is Verdict.ACCEPTED:
-                delivered = self.store.advance(*state.key, Status.DELIVERED_TO_RECEIVER, now)
+                delivered = self.store.advance(
+                    *state.key, Status.DELIVERED_TO_RECEIVER, now, attempt=attempt
+                )
                 await (self.pending or self.schedule_poll)(delivered)
                 return Step.PENDING
         except InvalidTransition:
+            self.store.record_attempt(*state.key, attempt)
             return Step.SKIPPED  # another worker moved it first
+        self.store.record_attempt(*state.key, attempt)
         if outcome.verdict is Verdict.RETRY:
             return await self._retry(state, receiver, outcome)
         if outcome.verdict is Verdict.GONE:

@@ -204,9 +204,11 @@ class StateStore(abc.ABC):
         response: bytes | None = None,
         via: Status | None = None,
         retry: bool = False,
+        attempt: Attempt | None = None,
     ) -> MessageState:
         """Move the message to ``status`` (through ``via`` first, in the same atomic step:
-        both transitions are recorded; with ``retry``, from FAILED only). InvalidTransition
+        both transitions are recorded; with ``retry``, from FAILED only; ``attempt`` recorded
+        with it, as ``record_attempt`` would). InvalidTransition
         when the machine does not allow it from where it is; UnknownMessage when there is no
         such message."""
 

@@ -6,7 +6,7 @@ Keys (under ``prefix``): ``m:<source>\\0<id>`` a hash (receiver, status, payload
 response), ``h:<source>\\0<id>`` its history and ``a:<source>\\0<id>`` its attempts (lists of JSON),
 ``s:<kind>`` the schedule (a sorted set by due time), ``r:<receiver>`` the rate limit's
 theoretical arrival time, ``f`` the FAILED messages (a sorted set by the time they failed),
-``rcv:<receiver>`` a receiver's disabled flag (a hash).
+``receivers`` the receivers' disabled flags (a hash by name).
 """
 
 from __future__ import annotations
@@ -39,25 +39,31 @@ redis.call('RPUSH', KEYS[2], ARGV[5])
 return 1
 """
 
-# KEYS: message hash, history, failed set; ARGV: status, now, reason (kept when FAILED),
-# has response, response, member of the failed set, n history entries, the entries...,
-# allowed previous statuses...
+# KEYS: message hash, history, failed set, attempts; ARGV: status, now, reason (kept when
+# FAILED), has response, response, member of the failed set, an attempt ('' for none),
+# n history entries, the entries..., allowed previous statuses... Returns the message as it
+# is now (its hash, history and attempts).
 _ADVANCE = """
 local current = redis.call('HGET', KEYS[1], 'status')
 if not current then return {'missing'} end
-local n = tonumber(ARGV[7])
+local n = tonumber(ARGV[8])
 local allowed = false
-for i = 8 + n, #ARGV do if ARGV[i] == current then allowed = true end end
+for i = 9 + n, #ARGV do if ARGV[i] == current then allowed = true end end
 if not allowed then return {'refused', current} end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[2], 'reason', ARGV[3])
 if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'response', ARGV[5]) end
-for i = 8, 7 + n do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+for i = 9, 8 + n do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+if ARGV[7] ~= '' then
+  redis.call('RPUSH', KEYS[4], ARGV[7])
+  redis.call('HDEL', KEYS[1], 'sending_until')
+end
 if ARGV[1] == 'FAILED' then
   redis.call('ZADD', KEYS[3], ARGV[2], ARGV[6])
 elseif current == 'FAILED' then
   redis.call('ZREM', KEYS[3], ARGV[6])
 end
-return {'ok'}
+return {'ok', redis.call('HGETALL', KEYS[1]), redis.call('LRANGE', KEYS[2], 0, -1),
+        redis.call('LRANGE', KEYS[4], 0, -1)}
 """
 
 # KEYS: message hash, attempts; ARGV: the attempt
@@ -124,6 +130,29 @@ def _load_redis() -> Any:
     return redis
 
 
+def _decode(
+    source_id: str,
+    message_id: str,
+    fields: dict[bytes, bytes],
+    transitions: list[bytes],
+    tries: list[bytes],
+) -> MessageState:
+    text = {k.decode(): v for k, v in fields.items()}
+    return MessageState(
+        source_id=source_id,
+        message_id=message_id,
+        receiver=text["receiver"].decode(),
+        status=Status(text["status"].decode()),
+        payload=bytes(text["payload"]),
+        created_at=float(text["created_at"]),
+        updated_at=float(text["updated_at"]),
+        reason=text.get("reason", b"").decode(),
+        response=bytes(text["response"]) if "response" in text else None,
+        history=tuple(Transition(Status(s), t, r) for s, t, r in map(json.loads, transitions)),
+        attempts=tuple(Attempt(**json.loads(a)) for a in tries),
+    )
+
+
 def _split(member: bytes) -> tuple[str, str]:
     source_id, message_id = member.decode().split(SEP, 1)
     return source_id, message_id
@@ -151,10 +180,15 @@ class RedisState(StateStore):
         message, history, _ = self._keys(source_id, message_id)
         entry = json.dumps([Status.ARRIVED.value, now, ""])
         args = [receiver, Status.ARRIVED.value, payload, repr(now), entry]
-        created = self._arrive(keys=[message, history], args=args)
+        if self._arrive(keys=[message, history], args=args):
+            history_ = (Transition(Status.ARRIVED, now),)
+            new = MessageState(
+                source_id, message_id, receiver, Status.ARRIVED, payload, now, now, history=history_
+            )
+            return True, new
         state = self.get(source_id, message_id)
         assert state is not None
-        return bool(created), state
+        return False, state
 
     def get(self, source_id: str, message_id: str) -> MessageState | None:
         message, history, attempts = self._keys(source_id, message_id)
@@ -163,20 +197,7 @@ class RedisState(StateStore):
         fields, transitions, tries = pipe.execute()
         if not fields:
             return None
-        text = {k.decode(): v for k, v in fields.items()}
-        return MessageState(
-            source_id=source_id,
-            message_id=message_id,
-            receiver=text["receiver"].decode(),
-            status=Status(text["status"].decode()),
-            payload=bytes(text["payload"]),
-            created_at=float(text["created_at"]),
-            updated_at=float(text["updated_at"]),
-            reason=text.get("reason", b"").decode(),
-            response=bytes(text["response"]) if "response" in text else None,
-            history=tuple(Transition(Status(s), t, r) for s, t, r in map(json.loads, transitions)),
-            attempts=tuple(Attempt(**json.loads(a)) for a in tries),
-        )
+        return _decode(source_id, message_id, fields, transitions, tries)
 
     def advance(
         self,
@@ -189,23 +210,26 @@ class RedisState(StateStore):
         response: bytes | None = None,
         via: Status | None = None,
         retry: bool = False,
+        attempt: Attempt | None = None,
     ) -> MessageState:
-        message, history, _ = self._keys(source_id, message_id)
+        message, history, attempts = self._keys(source_id, message_id)
         allowed, steps = path_to(status, via, retry)
         entries = [json.dumps([step.value, now, reason]) for step in steps]
         kept = reason if status is Status.FAILED else ""
+        tried = json.dumps(attempt.__dict__) if attempt is not None else ""
         args: list[Any] = [status.value, repr(now), kept, "1" if response else "0"]
-        args += [response or b"", f"{source_id}{SEP}{message_id}", len(entries), *entries]
-        args += [s.value for s in allowed]
-        outcome = self._advance(keys=[message, history, f"{self.prefix}f"], args=args)
+        args += [response or b"", f"{source_id}{SEP}{message_id}", tried, len(entries)]
+        args += [*entries, *(s.value for s in allowed)]
+        keys = [message, history, f"{self.prefix}f", attempts]
+        outcome = self._advance(keys=keys, args=args)
         verdict = outcome[0].decode()
         if verdict == "missing":
             raise UnknownMessage(f"no message {source_id}/{message_id}")
         if verdict == "refused":
             raise InvalidTransition((source_id, message_id), Status(outcome[1].decode()), status)
-        state = self.get(source_id, message_id)
-        assert state is not None
-        return state
+        flat = outcome[1]
+        fields = dict(zip(flat[::2], flat[1::2], strict=True))
+        return _decode(source_id, message_id, fields, outcome[2], outcome[3])
 
     def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None:
         message, _, attempts = self._keys(source_id, message_id)
@@ -251,20 +275,16 @@ class RedisState(StateStore):
         return out
 
     def set_receiver(self, name: str, disabled: bool, reason: str, now: float) -> None:
-        self._redis.hset(
-            f"{self.prefix}rcv:{name}",
-            mapping={"disabled": int(disabled), "reason": reason, "at": repr(now)},
-        )
+        flag = json.dumps({"disabled": disabled, "reason": reason, "at": now})
+        self._redis.hset(f"{self.prefix}receivers", name, flag)
 
     def receivers(self) -> dict[str, ReceiverState]:
         out = {}
-        for key in self._redis.scan_iter(match=f"{self.prefix}rcv:*"):
-            name = key.decode()[len(self.prefix) + 4 :]
-            fields = {k.decode(): v.decode() for k, v in self._redis.hgetall(key).items()}
-            if fields:
-                out[name] = ReceiverState(
-                    name, fields["disabled"] == "1", fields["reason"], float(fields["at"])
-                )
+        for name, value in self._redis.hgetall(f"{self.prefix}receivers").items():
+            flag = json.loads(value)
+            out[name.decode()] = ReceiverState(
+                name.decode(), flag["disabled"], flag["reason"], flag["at"]
+            )
         return out
 
     def acquire(self, receiver: str, requests: int, per_s: float) -> float:

@@ -1,5 +1,7 @@
 """The embedded webhook state: SQLite in WAL mode in one file under ``data_dir`` (several
-processes on one machine may share it: writes take the database's lock, ``BEGIN IMMEDIATE``)."""
+processes on one machine may share it: writes take the database's lock). Each step that
+changes a message is one statement (``UPDATE ... WHERE <the status it may come from> RETURNING``),
+atomic by itself; the few that read, then write take ``BEGIN IMMEDIATE``."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ CREATE TABLE IF NOT EXISTS messages (
     status TEXT NOT NULL, payload BLOB NOT NULL, created_at REAL NOT NULL,
     updated_at REAL NOT NULL, reason TEXT NOT NULL DEFAULT '', response BLOB,
     history TEXT NOT NULL, attempts TEXT NOT NULL DEFAULT '[]', sending_until REAL,
+    was_sending REAL,
     PRIMARY KEY (source_id, message_id)
 );
 CREATE INDEX IF NOT EXISTS messages_status ON messages (status, updated_at);
@@ -62,8 +65,9 @@ class SqliteState(StateStore):
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at each checkpoint
         columns = {r[1] for r in self._conn.execute("PRAGMA table_info(messages)")}
-        if columns and "sending_until" not in columns:  # a file from before the column
-            self._conn.execute("ALTER TABLE messages ADD COLUMN sending_until REAL")
+        for column in ("sending_until", "was_sending"):  # a file from before these columns
+            if columns and column not in columns:
+                self._conn.execute(f"ALTER TABLE messages ADD COLUMN {column} REAL")
         for statement in filter(str.strip, _SCHEMA.split(";")):
             self._conn.execute(statement)
 
@@ -82,15 +86,27 @@ class SqliteState(StateStore):
         self, source_id: str, message_id: str, receiver: str, payload: bytes, now: float
     ) -> tuple[bool, MessageState]:
         history = json.dumps([[Status.ARRIVED.value, now, ""]])
-        with self._tx() as c:
-            inserted = c.execute(
+        with self._lock:
+            inserted = self._conn.execute(
                 "INSERT OR IGNORE INTO messages (source_id, message_id, receiver, status, "
                 "payload, created_at, updated_at, history) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (source_id, message_id, receiver, Status.ARRIVED.value, payload, now, now, history),
             ).rowcount
-            state = self._read(c, source_id, message_id)
-        assert state is not None
-        return bool(inserted), state
+            if inserted:
+                state = MessageState(
+                    source_id,
+                    message_id,
+                    receiver,
+                    Status.ARRIVED,
+                    payload,
+                    now,
+                    now,
+                    history=(Transition(Status.ARRIVED, now),),
+                )
+                return True, state
+            existing = self._read(self._conn, source_id, message_id)
+        assert existing is not None
+        return False, existing
 
     def get(self, source_id: str, message_id: str) -> MessageState | None:
         with self._lock:
@@ -107,38 +123,48 @@ class SqliteState(StateStore):
         response: bytes | None = None,
         via: Status | None = None,
         retry: bool = False,
+        attempt: Attempt | None = None,
     ) -> MessageState:
+        """One statement: the transition(s) appended, the attempt too, only from an allowed
+        status; the row as it is now returned."""
         allowed, steps = path_to(status, via, retry)
-        with self._tx() as c:
-            state = self._read(c, source_id, message_id)
-            if state is None:
-                raise UnknownMessage(f"no message {source_id}/{message_id}")
-            if state.status not in allowed:
-                raise InvalidTransition(state.key, state.status, status)
-            history = [[t.status.value, t.at, t.reason] for t in state.history]
-            history += [[step.value, now, reason] for step in steps]
-            c.execute(
-                "UPDATE messages SET status = ?, updated_at = ?, history = ?, "
-                "reason = ?, response = COALESCE(?, response) "
-                "WHERE source_id = ? AND message_id = ?",
-                (
-                    status.value,
-                    now,
-                    json.dumps(history),
-                    reason if status is Status.FAILED else "",
-                    response,
-                    source_id,
-                    message_id,
-                ),
-            )
-            updated = self._read(c, source_id, message_id)
-        assert updated is not None
-        return updated
+        entries = [json.dumps([step.value, now, reason]) for step in steps]
+        pairs = ", ".join(["'$[#]', json(?)"] * len(entries))
+        sql = (
+            "UPDATE messages SET status = ?, updated_at = ?, reason = ?, "
+            f"response = COALESCE(?, response), history = json_insert(history, {pairs})"
+        )
+        args: list[object] = [
+            status.value,
+            now,
+            reason if status is Status.FAILED else "",
+            response,
+            *entries,
+        ]
+        if attempt is not None:
+            sql += ", attempts = json_insert(attempts, '$[#]', json(?)), sending_until = NULL"
+            args.append(json.dumps(attempt.__dict__))
+        marks = ", ".join("?" * len(allowed))
+        sql += (
+            f" WHERE source_id = ? AND message_id = ? AND status IN ({marks}) RETURNING {_COLUMNS}"
+        )
+        args += [source_id, message_id, *(a.value for a in allowed)]
+        with self._lock:
+            # fetchall: the statement runs to its end, so its implicit transaction commits now
+            rows = self._conn.execute(sql, args).fetchall()
+            row = rows[0] if rows else None
+            if row is None:
+                current = self._read(self._conn, source_id, message_id)
+        if row is not None:
+            return _state(row)
+        if current is None:
+            raise UnknownMessage(f"no message {source_id}/{message_id}")
+        raise InvalidTransition(current.key, current.status, status)
 
     def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None:
         entry = json.dumps(attempt.__dict__)
-        with self._tx() as c:
-            changed = c.execute(
+        with self._lock:
+            changed = self._conn.execute(
                 "UPDATE messages SET attempts = json_insert(attempts, '$[#]', json(?)), "
                 "sending_until = NULL WHERE source_id = ? AND message_id = ?",
                 (entry, source_id, message_id),
@@ -147,8 +173,8 @@ class SqliteState(StateStore):
             raise UnknownMessage(f"no message {source_id}/{message_id}")
 
     def schedule(self, kind: str, source_id: str, message_id: str, due_at: float) -> None:
-        with self._tx() as c:
-            c.execute(
+        with self._lock:
+            self._conn.execute(
                 "INSERT INTO schedule (kind, source_id, message_id, due_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (kind, source_id, message_id) DO UPDATE SET due_at = excluded.due_at",
                 (kind, source_id, message_id, due_at),
@@ -178,32 +204,34 @@ class SqliteState(StateStore):
         return [(str(s), str(m)) for s, m in rows]
 
     def release(self, kind: str, source_id: str, message_id: str, leased_until: float) -> None:
-        with self._tx() as c:
-            c.execute(
+        with self._lock:
+            self._conn.execute(
                 "DELETE FROM schedule WHERE kind = ? AND source_id = ? AND message_id = ? "
                 "AND due_at = ?",
                 (kind, source_id, message_id, leased_until),
             )
 
     def begin_send(self, state: MessageState, now: float, until: float) -> Claim:
-        with self._tx() as c:
-            row = c.execute(
-                "SELECT sending_until, status, json_array_length(attempts) FROM messages "
+        with self._lock:
+            rows = self._conn.execute(
+                "UPDATE messages SET was_sending = sending_until, sending_until = ? "
+                "WHERE source_id = ? AND message_id = ? AND status = ? "
+                "AND json_array_length(attempts) = ? "
+                "AND (sending_until IS NULL OR sending_until <= ?) RETURNING was_sending",
+                (until, *state.key, state.status.value, len(state.attempts), now),
+            ).fetchall()  # to its end: the implicit transaction commits now
+            if rows:
+                return Claim.CLAIMED if rows[0][0] is None else Claim.INTERRUPTED
+            found = self._conn.execute(
+                "SELECT status, json_array_length(attempts) FROM messages "
                 "WHERE source_id = ? AND message_id = ?",
                 state.key,
             ).fetchone()
-            if row is None:
-                raise UnknownMessage(f"no message {state.source_id}/{state.message_id}")
-            mark, status, attempts = row
-            if status != state.status.value or attempts != len(state.attempts):
-                return Claim.MOVED
-            if mark is not None and mark > now:
-                return Claim.BUSY
-            c.execute(
-                "UPDATE messages SET sending_until = ? WHERE source_id = ? AND message_id = ?",
-                (until, *state.key),
-            )
-        return Claim.CLAIMED if mark is None else Claim.INTERRUPTED
+        if found is None:
+            raise UnknownMessage(f"no message {state.source_id}/{state.message_id}")
+        if found[0] != state.status.value or found[1] != len(state.attempts):
+            return Claim.MOVED
+        return Claim.BUSY
 
     def failed(
         self, receiver: str | None = None, since: float | None = None, limit: int = 1000
@@ -218,8 +246,8 @@ class SqliteState(StateStore):
             return [_state(row) for row in rows.fetchall()]
 
     def set_receiver(self, name: str, disabled: bool, reason: str, now: float) -> None:
-        with self._tx() as c:
-            c.execute(
+        with self._lock:
+            self._conn.execute(
                 "INSERT INTO receivers (name, disabled, reason, at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (name) DO UPDATE SET disabled = excluded.disabled, "
                 "reason = excluded.reason, at = excluded.at",
