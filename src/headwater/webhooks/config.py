@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from headwater.collector.config import HashedKeys
 from headwater.config.base import Section
@@ -136,6 +136,8 @@ class WebhookStateConfig(Section):
 
 
 class WebhooksConfig(Section):
+    _receivers: dict[str, ReceiverConfig] = PrivateAttr(default_factory=dict)
+    _sources: dict[str, WebhookSourceConfig] = PrivateAttr(default_factory=dict)
     host: str = Field("127.0.0.1", description="Where `headwater webhooks` serves /healthz.")
     port: int = Field(8090, ge=0, le=65535, description="Its port (0: any free port).")
     receivers: list[ReceiverConfig] = Field(default_factory=list)
@@ -170,8 +172,12 @@ class WebhooksConfig(Section):
                 raise ValueError(f"webhooks: {what} names must be unique: {', '.join(twice)}")
         return self
 
+    def model_post_init(self, context: object) -> None:
+        self._receivers = {r.name: r for r in self.receivers}
+        self._sources = {s.id: s for s in self.sources}
+
     def receiver(self, name: str) -> ReceiverConfig | None:
-        return next((r for r in self.receivers if r.name == name), None)
+        return self._receivers.get(name)
 
     def source(self, source_id: str) -> WebhookSourceConfig | None:
-        return next((s for s in self.sources if s.id == source_id), None)
+        return self._sources.get(source_id)

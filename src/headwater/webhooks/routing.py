@@ -107,19 +107,28 @@ def from_sender(
     """Dedup, record, route: what to append where (nothing for a message already known: the
     sender sent it again, or this step ran before a crash and its record was read again; it is
     routed again only while it is still ARRIVED, since the routing may not have been appended)."""
-    created, state = store.arrive(
-        message.source_id, message.message_id, message.receiver, message.payload, now
+    return from_senders(store, config, [message], now)
+
+
+def from_senders(
+    store: StateStore, config: WebhooksConfig, messages: list[WebhookMessage], now: float
+) -> list[tuple[str, Message]]:
+    """``from_sender`` for a batch of messages, recorded in one step of the state."""
+    arrived = store.arrive_many(
+        [(m.source_id, m.message_id, m.receiver, m.payload) for m in messages], now
     )
-    if not created and state.status is not Status.ARRIVED:
-        return []
-    # what was recorded first is what is delivered, whatever a repeat carries
-    message = WebhookMessage(state.source_id, state.message_id, state.receiver, state.payload)
     topics = Topics(config.topic_prefix)
-    if config.receiver(message.receiver) is None:
-        reason = f"no receiver named {message.receiver!r} is configured"
-        store.advance(message.source_id, message.message_id, Status.FAILED, now, reason=reason)
-        failed = WebhookMessage(
-            message.source_id, message.message_id, message.receiver, message.payload, reason
-        )
-        return [(topics.failed_messages, failed.to_message())]
-    return [(topics.to_receiver(message.receiver), message.to_message())]
+    out: list[tuple[str, Message]] = []
+    for created, state in arrived:
+        if not created and state.status is not Status.ARRIVED:
+            continue
+        # what was recorded first is what is delivered, whatever a repeat carries
+        message = WebhookMessage(state.source_id, state.message_id, state.receiver, state.payload)
+        if config.receiver(message.receiver) is None:
+            reason = f"no receiver named {message.receiver!r} is configured"
+            store.advance(*state.key, Status.FAILED, now, reason=reason)
+            failed = WebhookMessage(*state.key, message.receiver, message.payload, reason)
+            out.append((topics.failed_messages, failed.to_message()))
+        else:
+            out.append((topics.to_receiver(message.receiver), message.to_message()))
+    return out

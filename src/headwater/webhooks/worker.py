@@ -39,7 +39,7 @@ from headwater.errors import HeadwaterError, TerminalError
 from headwater.webhooks.callbacks import to_sender
 from headwater.webhooks.config import ReceiverConfig, WebhooksConfig
 from headwater.webhooks.receiving import Receiving, Step
-from headwater.webhooks.routing import Topics, WebhookMessage, from_sender
+from headwater.webhooks.routing import Topics, WebhookMessage, from_senders
 from headwater.webhooks.schedules import run_schedules
 from headwater.webhooks.state.base import MessageState, StateStore, Status
 
@@ -51,6 +51,7 @@ HOLD_CHECK_S = 0.25  # how often a held receiver (disabled, or ordered behind a 
 MAX_BACKOFF_S = 30.0
 
 Handle = Callable[[Record], Awaitable[None]]
+BatchHandle = Callable[[list[Record]], Awaitable[None]]
 
 
 class Workers:
@@ -100,7 +101,9 @@ class Workers:
             )
             t = self.names
             loops = [
-                self._consume(stop, "from_sender", [t.from_sender], self._from_sender),
+                self._consume(
+                    stop, "from_sender", [t.from_sender], self._from_sender, batched=True
+                ),
                 self._consume(stop, "pending", self._pending_topics(), self._schedule_poll),
                 self._consume(stop, "to_sender", [t.to_sender], self._to_sender),
                 self._consume(stop, "failed", [t.failed_messages], self._log_failed),
@@ -148,11 +151,24 @@ class Workers:
         await self._emit(self.names.failed_messages, [out.to_message()])
 
     # -- the steps, one record each -----------------------------------------------------------
-    async def _from_sender(self, record: Record) -> None:
-        message = WebhookMessage.from_value(record.value)
-        routed = from_sender(self.store, self.config, message, time.time())
+    async def _from_sender(self, records: list[Record]) -> None:
+        """A whole poll's records at once: recorded in one step of the state, routed in one
+        append per topic."""
+        messages = []
+        for record in records:
+            try:
+                messages.append(WebhookMessage.from_value(record.value))
+            except TerminalError as e:
+                log.error(
+                    "webhooks from_sender: skipping %s@%d: %s", record.topic, record.offset, e
+                )
+        routed = from_senders(self.store, self.config, messages, time.time())
+        batches: dict[str, list[Message]] = {}
         for topic, out in routed:
-            await self._emit(topic, [out])
+            batches.setdefault(topic, []).append(out)
+        if batches:
+            futures = self.bus.append_many(batches)
+            await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
 
     def _receiving(self, receiver: ReceiverConfig) -> Handle:
         async def handle(record: Record) -> None:
@@ -205,12 +221,15 @@ class Workers:
         stop: asyncio.Event,
         name: str,
         topics: list[str],
-        handle: Handle,
+        handle: Handle | BatchHandle,
         concurrency: int | None = None,
+        *,
+        batched: bool = False,
     ) -> None:
         """Read ``topics`` for the worker's group (``headwater-webhooks.<name>``), run
         ``handle`` on up to ``concurrency`` records at once, and commit, per partition, the
-        offsets whose records (and every one before them) are done."""
+        offsets whose records (and every one before them) are done. ``batched``: ``handle``
+        takes each poll's records together, as one task."""
         if not topics:
             return
         limit = concurrency or self.config.concurrency
@@ -229,10 +248,11 @@ class Workers:
                     wait = BUSY_POLL_S if running else IDLE_POLL_S
                     n = min(POLL_RECORDS, limit - len(running))
                     records = await loop.run_in_executor(pool, consumer.poll, n, wait)
-                    for r in records:
-                        task = asyncio.create_task(self._guarded(name, handle, r, stop))
-                        running.add(task)
-                        task.add_done_callback(running.discard)
+                    if batched and records:
+                        tasks = [self._task(name, handle, records, stop, running)] * len(records)
+                    else:
+                        tasks = [self._task(name, handle, r, stop, running) for r in records]
+                    for r, task in zip(records, tasks, strict=True):
                         tp = TopicPartition(r.topic, r.partition)
                         window.setdefault(tp, deque()).append((r.offset, task))
                 await self._commit(pool, consumer, window)
@@ -244,6 +264,19 @@ class Workers:
                 t.cancel()
             await loop.run_in_executor(pool, consumer.close)
             pool.shutdown(wait=False)
+
+    def _task(
+        self,
+        name: str,
+        handle: Handle | BatchHandle,
+        what: Record | list[Record],
+        stop: asyncio.Event,
+        running: set[asyncio.Task[None]],
+    ) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._guarded(name, handle, what, stop))
+        running.add(task)
+        task.add_done_callback(running.discard)
+        return task
 
     async def _commit(
         self,
@@ -262,35 +295,30 @@ class Workers:
                 log.warning("webhooks: a commit was refused (%s); the records are read again", e)
 
     async def _guarded(
-        self, name: str, handle: Handle, record: Record, stop: asyncio.Event
+        self,
+        name: str,
+        handle: Handle | BatchHandle,
+        what: Record | list[Record],
+        stop: asyncio.Event,
     ) -> None:
         """Run ``handle`` until it succeeds: a record that is not a webhook message is logged
         and skipped; any other error (the state or the log unavailable) is retried with
         backoff, the record staying uncommitted, until the worker stops."""
+        first = what[0] if isinstance(what, list) else what
+        where = f"{first.topic}[{first.partition}]@{first.offset}"
+        if isinstance(what, list) and len(what) > 1:
+            where += f" (+{len(what) - 1})"
         backoff = 0.5
         while True:
             try:
-                await handle(record)
+                await handle(what)  # type: ignore[arg-type]
                 return
             except TerminalError as e:
-                log.error(
-                    "webhooks %s: skipping %s[%d]@%d: %s",
-                    name,
-                    record.topic,
-                    record.partition,
-                    record.offset,
-                    e,
-                )
+                log.error("webhooks %s: skipping %s: %s", name, where, e)
                 return
             except Exception as e:
                 log.error(
-                    "webhooks %s: %s[%d]@%d failed, trying again in %.1f s: %r",
-                    name,
-                    record.topic,
-                    record.partition,
-                    record.offset,
-                    backoff,
-                    e,
+                    "webhooks %s: %s failed, trying again in %.1f s: %r", name, where, backoff, e
                 )
             if stop.is_set():
                 raise asyncio.CancelledError

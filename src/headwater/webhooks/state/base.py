@@ -189,6 +189,13 @@ class StateStore(abc.ABC):
         """Record a new message as ARRIVED; (False, the existing one) when ``(source_id,
         message_id)`` is already known: the dedup."""
 
+    def arrive_many(
+        self, messages: list[tuple[str, str, str, bytes]], now: float
+    ) -> list[tuple[bool, MessageState]]:
+        """``arrive`` for each ``(source_id, message_id, receiver, payload)``, in order (a
+        backend may record them in one step)."""
+        return [self.arrive(*m, now) for m in messages]
+
     @abc.abstractmethod
     def get(self, source_id: str, message_id: str) -> MessageState | None: ...
 

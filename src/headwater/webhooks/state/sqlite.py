@@ -28,6 +28,7 @@ from headwater.webhooks.state.base import (
 )
 
 BUSY_TIMEOUT_S = 30.0
+CHECKPOINT_EVERY_S = 1.0
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
     source_id TEXT NOT NULL, message_id TEXT NOT NULL, receiver TEXT NOT NULL,
@@ -37,7 +38,8 @@ CREATE TABLE IF NOT EXISTS messages (
     was_sending REAL,
     PRIMARY KEY (source_id, message_id)
 );
-CREATE INDEX IF NOT EXISTS messages_status ON messages (status, updated_at);
+DROP INDEX IF EXISTS messages_status;
+CREATE INDEX IF NOT EXISTS messages_failed ON messages (updated_at) WHERE status = 'FAILED';
 CREATE TABLE IF NOT EXISTS schedule (
     kind TEXT NOT NULL, source_id TEXT NOT NULL, message_id TEXT NOT NULL, due_at REAL NOT NULL,
     PRIMARY KEY (kind, source_id, message_id)
@@ -64,12 +66,29 @@ class SqliteState(StateStore):
         self._lock = threading.Lock()
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at each checkpoint
+        # checkpoints (copying the WAL back, with an fsync) run on a thread of their own, not
+        # inside whichever commit crosses the WAL's size
+        self._conn.execute("PRAGMA wal_autocheckpoint=0")
+        self._closed = threading.Event()
+        self._checkpointer = threading.Thread(
+            target=self._checkpoint, name="webhooks-state-checkpoint", daemon=True
+        )
         columns = {r[1] for r in self._conn.execute("PRAGMA table_info(messages)")}
         for column in ("sending_until", "was_sending"):  # a file from before these columns
             if columns and column not in columns:
                 self._conn.execute(f"ALTER TABLE messages ADD COLUMN {column} REAL")
         for statement in filter(str.strip, _SCHEMA.split(";")):
             self._conn.execute(statement)
+        self._checkpointer.start()
+
+    def _checkpoint(self) -> None:
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        try:
+            while not self._closed.wait(CHECKPOINT_EVERY_S):
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            conn.close()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -85,28 +104,38 @@ class SqliteState(StateStore):
     def arrive(
         self, source_id: str, message_id: str, receiver: str, payload: bytes, now: float
     ) -> tuple[bool, MessageState]:
+        return self.arrive_many([(source_id, message_id, receiver, payload)], now)[0]
+
+    def arrive_many(
+        self, messages: list[tuple[str, str, str, bytes]], now: float
+    ) -> list[tuple[bool, MessageState]]:
         history = json.dumps([[Status.ARRIVED.value, now, ""]])
-        with self._lock:
-            inserted = self._conn.execute(
-                "INSERT OR IGNORE INTO messages (source_id, message_id, receiver, status, "
-                "payload, created_at, updated_at, history) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (source_id, message_id, receiver, Status.ARRIVED.value, payload, now, now, history),
-            ).rowcount
-            if inserted:
-                state = MessageState(
-                    source_id,
-                    message_id,
-                    receiver,
-                    Status.ARRIVED,
-                    payload,
-                    now,
-                    now,
-                    history=(Transition(Status.ARRIVED, now),),
-                )
-                return True, state
-            existing = self._read(self._conn, source_id, message_id)
-        assert existing is not None
-        return False, existing
+        arrived = Status.ARRIVED.value
+        out: list[tuple[bool, MessageState]] = []
+        with self._tx() as c:
+            for source_id, message_id, receiver, payload in messages:
+                inserted = c.execute(
+                    "INSERT OR IGNORE INTO messages (source_id, message_id, receiver, status, "
+                    "payload, created_at, updated_at, history) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (source_id, message_id, receiver, arrived, payload, now, now, history),
+                ).rowcount
+                if inserted:
+                    state = MessageState(
+                        source_id,
+                        message_id,
+                        receiver,
+                        Status.ARRIVED,
+                        payload,
+                        now,
+                        now,
+                        history=(Transition(Status.ARRIVED, now),),
+                    )
+                    out.append((True, state))
+                else:
+                    existing = self._read(c, source_id, message_id)
+                    assert existing is not None
+                    out.append((False, existing))
+        return out
 
     def get(self, source_id: str, message_id: str) -> MessageState | None:
         with self._lock:
@@ -236,8 +265,9 @@ class SqliteState(StateStore):
     def failed(
         self, receiver: str | None = None, since: float | None = None, limit: int = 1000
     ) -> list[MessageState]:
-        sql = f"SELECT {_COLUMNS} FROM messages WHERE status = ? AND updated_at >= ?"
-        args: list[object] = [Status.FAILED.value, since or 0.0]
+        # the literal status: the partial index of FAILED messages answers this
+        sql = f"SELECT {_COLUMNS} FROM messages WHERE status = 'FAILED' AND updated_at >= ?"
+        args: list[object] = [since or 0.0]
         if receiver is not None:
             sql += " AND receiver = ?"
             args.append(receiver)
@@ -275,6 +305,8 @@ class SqliteState(StateStore):
         return 0.0
 
     def close(self) -> None:
+        self._closed.set()
+        self._checkpointer.join()
         with self._lock:
             self._conn.close()
 

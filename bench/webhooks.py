@@ -1,0 +1,373 @@
+"""Benchmark of the webhook transport (issue 10): messages/s end to end (intake -> receiver ->
+callback to the sender) and latency from intake to the receiver, for the embedded state
+(SQLite) and for Redis, against a bare aiohttp client posting the same signed messages to the
+same receiver in the same run.
+
+Run from the repository root::
+
+    .venv/bin/python bench/webhooks.py                  # both states, about 2 minutes
+    .venv/bin/python bench/webhooks.py --quick          # fewer messages, about a minute
+    .venv/bin/python bench/webhooks.py --format json    # the figures as JSON on stdout
+
+Processes (all on loopback, all sharing this machine's cores):
+
+- the receiver: an aiohttp server (uvloop) answering every ``POST /hooks`` with 200 and a small
+  JSON result (a sync response) and every ``POST /callback`` (the sender's callback endpoint)
+  with 200; it notes when each message arrived;
+- headwater: the collector with its webhook intake and the webhook workers in one process on
+  the embedded log (what ``headwater up`` runs, without Spark), state embedded or Redis;
+- the load: this script, an aiohttp client (uvloop) with ``--concurrency`` requests in flight.
+
+Figures:
+
+1. Reference: the bare client POSTs ``--messages`` signed messages (Standard Webhooks headers,
+   headwater's signer) straight to the receiver: messages/s.
+2. End to end, per state: the client POSTs the messages to ``/webhooks/{source}`` (each
+   answered 202 once durable on the log); the time from the first POST to the last callback
+   at the sender: messages/s, and the ratio to the reference.
+3. Unloaded latency, per state: 300 messages one at a time, 20 ms apart: intake (the POST
+   sent) -> the receiver got it, p50/p99.
+
+Targets (issue 10): >= 5,000 messages/s end to end with the embedded state, and >= 50% of the
+bare client's rate; p99 intake -> receiver <= 100 ms unloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import bench_directory, emit_json, machine_info, percentile, print_table, progress
+
+SECRET = "whsec_" + base64.b64encode(b"b" * 32).decode()
+KEY = "bench-key"
+LATENCY_MESSAGES = 300
+PAYLOAD = {"event": "build.finished", "repo": "headwater", "ref": "main", "n": 0}
+
+
+# -- the receiver (a child process) ------------------------------------------------------------
+def receiver_main(port_file: Path) -> None:
+    from aiohttp import web
+
+    arrivals: dict[str, float] = {}
+    callbacks = 0
+    result = b'{"ok":1}'
+
+    async def hooks(request: web.Request) -> web.Response:
+        await request.read()
+        arrivals.setdefault(request.headers.get("webhook-id", ""), time.time())
+        return web.Response(body=result, content_type="application/json")
+
+    async def callback(request: web.Request) -> web.Response:
+        nonlocal callbacks
+        await request.read()
+        callbacks += 1
+        return web.Response(status=200)
+
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response({"posts": len(arrivals), "callbacks": callbacks})
+
+    async def arrived(request: web.Request) -> web.Response:
+        return web.json_response(arrivals)
+
+    async def reset(request: web.Request) -> web.Response:
+        nonlocal callbacks
+        arrivals.clear()
+        callbacks = 0
+        return web.Response(status=204)
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/hooks", hooks)
+        app.router.add_post("/callback", callback)
+        app.router.add_get("/stats", stats)
+        app.router.add_get("/arrivals", arrived)
+        app.router.add_post("/reset", reset)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port_file.write_text(str(port))
+        await asyncio.Event().wait()
+
+    _run(main())
+
+
+# -- headwater (a child process) ---------------------------------------------------------------
+def headwater_main(config_file: Path, port_file: Path) -> None:
+    from headwater.config.loader import load_config
+    from headwater.ops.up import Listen, serve
+
+    config = load_config(config_file)
+
+    def echo(line: str) -> None:
+        if line.startswith("headwater: health at "):
+            port_file.write_text(line.split(" at ", 1)[1].removesuffix("/healthz"))
+
+    _run(serve(config, Listen("127.0.0.1", 0, None), echo=echo, with_webhooks=True))
+
+
+def _run(main: Any) -> None:
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
+
+
+@contextlib.contextmanager
+def child(role: str, directory: Path, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    port_file = directory / f"{role}.port"
+    port_file.unlink(missing_ok=True)
+    log = (directory / f"{role}.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--role", role, "--port-file", str(port_file), *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists() or not port_file.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{role} did not start: {(directory / f'{role}.log').read_text()}"
+                )
+            time.sleep(0.05)
+        yield proc, port_file.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+# -- the load --------------------------------------------------------------------------------
+async def bare_client(receiver: str, n: int, concurrency: int) -> float:
+    """Messages/s of a bare aiohttp client POSTing signed messages to the receiver."""
+    import aiohttp
+
+    from headwater.webhooks.signing import Signer
+
+    signer = Signer.from_secrets([SECRET])
+    queue = iter(range(n))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def worker() -> None:
+            for i in queue:
+                body = json.dumps({**PAYLOAD, "n": i}, separators=(",", ":")).encode()
+                mid = f"ref-{i}"
+                headers = {"content-type": "application/json", **signer.headers(mid, body)}
+                async with session.post(f"{receiver}/hooks", data=body, headers=headers) as r:
+                    await r.read()
+                    assert r.status == 200
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return n / (time.perf_counter() - started)
+
+
+async def end_to_end(hw: str, receiver: str, n: int, concurrency: int, tag: str) -> dict[str, Any]:
+    """Post ``n`` messages to the intake; time until the sender has every callback."""
+    import aiohttp
+
+    auth = {"authorization": f"Bearer {KEY}"}
+    queue = iter(range(n))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def worker() -> None:
+            for i in queue:
+                doc = {"message_id": f"{tag}-{i}", "receiver": "rx", "payload": {**PAYLOAD, "n": i}}
+                async with session.post(f"{hw}/webhooks/app", json=doc, headers=auth) as r:
+                    await r.read()
+                    assert r.status == 202, r.status
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        intake_s = time.perf_counter() - started
+        while True:
+            async with session.get(f"{receiver}/stats") as r:
+                stats = await r.json()
+            if stats["callbacks"] >= n:
+                break
+            if time.perf_counter() - started > 600:
+                raise RuntimeError(f"not every callback arrived: {stats}")
+            await asyncio.sleep(0.05)
+        total_s = time.perf_counter() - started
+    return {"messages": n, "intake_per_s": n / intake_s, "end_to_end_per_s": n / total_s}
+
+
+async def latency(hw: str, receiver: str, tag: str) -> dict[str, float]:
+    import aiohttp
+
+    auth = {"authorization": f"Bearer {KEY}"}
+    sent: dict[str, float] = {}
+    async with aiohttp.ClientSession() as session:
+        for i in range(LATENCY_MESSAGES):
+            mid = f"{tag}-lat-{i}"
+            sent[mid] = time.time()
+            doc = {"message_id": mid, "receiver": "rx", "payload": PAYLOAD}
+            async with session.post(f"{hw}/webhooks/app", json=doc, headers=auth) as r:
+                await r.read()
+            await asyncio.sleep(0.02)
+        deadline = time.monotonic() + 60
+        while True:
+            async with session.get(f"{receiver}/arrivals") as r:
+                arrivals = await r.json()
+            if all(m in arrivals for m in sent) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+    delays = sorted((arrivals[m] - t) * 1000 for m, t in sent.items() if m in arrivals)
+    return {
+        "latency_p50_ms": percentile(delays, 50),
+        "latency_p99_ms": percentile(delays, 99),
+        "latency_max_ms": delays[-1],
+        "latency_lost": len(sent) - len(delays),
+    }
+
+
+def write_config(directory: Path, receiver: str, state: dict[str, Any]) -> Path:
+    from headwater.collector.auth import hash_key
+
+    doc = {
+        "data_dir": str(directory / "data"),
+        "bus": {"embedded": {"durability": "always"}},
+        "webhooks": {
+            "state": state,
+            "receivers": [{"name": "rx", "url": f"{receiver}/hooks", "secret": SECRET}],
+            "sources": [
+                {
+                    "id": "app",
+                    "write_keys": [hash_key(KEY)],
+                    "callback_url": f"{receiver}/callback",
+                    "secret": SECRET,
+                }
+            ],
+        },
+    }
+    path = directory / f"headwater-{state['backend']}.yaml"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import urllib.request
+
+    from headwater.testing.redis import start_redis
+
+    directory = bench_directory(args.dir, "webhooks-")
+    n = args.messages or (5_000 if args.quick else 20_000)
+    results: dict[str, Any] = {"machine": machine_info(directory), "messages": n}
+    with child("receiver", directory) as (_, port), start_redis() as redis:
+        receiver = f"http://127.0.0.1:{port}"
+
+        def reset() -> None:
+            urllib.request.urlopen(urllib.request.Request(f"{receiver}/reset", method="POST"))
+
+        progress(f"reference: a bare aiohttp client, {n} signed messages to the receiver")
+        asyncio.run(bare_client(receiver, min(n, 2000), args.concurrency))  # warm-up
+        results["bare_client_per_s"] = asyncio.run(bare_client(receiver, n, args.concurrency))
+        states = {
+            "embedded": {"backend": "embedded"},
+            "redis": {"backend": "redis", "redis_url": redis.url},
+        }
+        for name, state in states.items():
+            (directory / name).mkdir(exist_ok=True)
+            config = write_config(directory / name, receiver, state)
+            with child(f"headwater-{name}", directory / name, "--config", str(config)) as (_, hw):
+                reset()
+                progress(f"{name} state: warm-up")
+                asyncio.run(end_to_end(hw, receiver, min(n, 2000), args.concurrency, "warm"))
+                reset()
+                progress(f"{name} state: {n} messages end to end")
+                figures = asyncio.run(end_to_end(hw, receiver, n, args.concurrency, "run"))
+                progress(f"{name} state: unloaded latency, {LATENCY_MESSAGES} messages")
+                figures |= asyncio.run(latency(hw, receiver, "idle"))
+                figures["ratio_to_bare"] = (
+                    figures["end_to_end_per_s"] / results["bare_client_per_s"]
+                )
+                results[name] = figures
+    return results
+
+
+def report(results: dict[str, Any]) -> None:
+    bare = results["bare_client_per_s"]
+    rows = [["bare aiohttp client -> receiver", f"{bare:,.0f}", "", "", "", ""]]
+    for name in ("embedded", "redis"):
+        f = results[name]
+        rows.append(
+            [
+                f"headwater, {name} state",
+                f"{f['end_to_end_per_s']:,.0f}",
+                f"{f['intake_per_s']:,.0f}",
+                f"{f['ratio_to_bare']:.2f}",
+                f"{f['latency_p50_ms']:.1f}",
+                f"{f['latency_p99_ms']:.1f}",
+            ]
+        )
+    print(f"{results['messages']} messages, {results['machine']['cpus']} cores")
+    print(print_table(["run", "msgs/s end to end", "intake/s", "x bare", "p50 ms", "p99 ms"], rows))
+    e = results["embedded"]
+    checks = [
+        (
+            "embedded >= 5,000 msgs/s end to end",
+            e["end_to_end_per_s"] >= 5000,
+            f"{e['end_to_end_per_s']:,.0f}",
+        ),
+        (
+            "embedded >= 50% of the bare client",
+            e["ratio_to_bare"] >= 0.5,
+            f"{e['ratio_to_bare']:.2f}",
+        ),
+        (
+            "p99 intake -> receiver <= 100 ms unloaded",
+            max(results[s]["latency_p99_ms"] for s in ("embedded", "redis")) <= 100,
+            f"{e['latency_p99_ms']:.1f} / {results['redis']['latency_p99_ms']:.1f} ms",
+        ),
+    ]
+    for what, met, value in checks:
+        print(f"target {what}: {'met' if met else 'MISSED'} ({value})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--role", choices=["receiver", "headwater-embedded", "headwater-redis"])
+    parser.add_argument("--port-file", type=Path)
+    parser.add_argument("--config", type=Path)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--messages", type=int, default=0)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--format", choices=["text", "json"], default="text")
+    args = parser.parse_args()
+    if args.role == "receiver":
+        receiver_main(args.port_file)
+        return
+    if args.role is not None:
+        headwater_main(args.config, args.port_file)
+        return
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    results = run(args)
+    if args.format == "json":
+        emit_json(results)
+    else:
+        report(results)
+
+
+if __name__ == "__main__":
+    main()
