@@ -61,6 +61,7 @@ def test_arrival_dedups_on_source_and_message_id(store: StateStore) -> None:
     other_source, _ = store.arrive("gitlab", "m1", "ci", b"{}", 102.0)
     assert other_source
     assert store.get("github", "nope") is None
+    assert store.known("github", "m1") and not store.known("github", "nope")
 
 
 def test_the_status_machine_and_its_history(store: StateStore) -> None:

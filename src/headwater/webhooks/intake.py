@@ -73,7 +73,11 @@ class WebhookIntake:
         """Take one message; (status, JSON answer). Raises ``Rejected`` for bad input."""
         message = self.parse(source_id, body, headers)
         url = status_url(base_url, source_id, message.message_id)
-        known = self.store.get(source_id, message.message_id)
+        known = (
+            self.store.get(source_id, message.message_id)
+            if self.store.known(source_id, message.message_id)
+            else None
+        )
         if known is not None:
             return 200, {**summary(known), "status_url": url, "duplicate": True}
         await self.publisher.store({self.topic: [message.to_message()]})

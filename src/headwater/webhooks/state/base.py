@@ -199,6 +199,10 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     def get(self, source_id: str, message_id: str) -> MessageState | None: ...
 
+    def known(self, source_id: str, message_id: str) -> bool:
+        """Whether the message was recorded (cheaper than ``get`` where a backend can)."""
+        return self.get(source_id, message_id) is not None
+
     @abc.abstractmethod
     def advance(
         self,

@@ -190,6 +190,9 @@ class RedisState(StateStore):
         assert state is not None
         return False, state
 
+    def known(self, source_id: str, message_id: str) -> bool:
+        return bool(self._redis.exists(self._keys(source_id, message_id)[0]))
+
     def get(self, source_id: str, message_id: str) -> MessageState | None:
         message, history, attempts = self._keys(source_id, message_id)
         pipe = self._redis.pipeline(transaction=True)

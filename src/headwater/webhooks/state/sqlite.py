@@ -137,6 +137,14 @@ class SqliteState(StateStore):
                     out.append((False, existing))
         return out
 
+    def known(self, source_id: str, message_id: str) -> bool:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT 1 FROM messages WHERE source_id = ? AND message_id = ?",
+                (source_id, message_id),
+            ).fetchone()
+        return row is not None
+
     def get(self, source_id: str, message_id: str) -> MessageState | None:
         with self._lock:
             return self._read(self._conn, source_id, message_id)
