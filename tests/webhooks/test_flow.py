@@ -301,3 +301,17 @@ def test_failed_messages_are_listed_shown_and_retried(tmp_path: Path) -> None:
             cli, ["--config", str(config_file), "webhooks", "failed", "retry", "github/f1"]
         )
         assert refused.exit_code != 0 and "is DONE, not FAILED" in refused.output
+
+
+def test_the_webhooks_role_refuses_an_embedded_log_held_by_up(tmp_path: Path) -> None:
+    with running_receiver(SECRET) as receiver:
+        config = make_config(tmp_path, receiver)
+        config_file = tmp_path / "headwater.yaml"
+        config_file.write_text(json.dumps(config.model_dump(mode="json")))
+        with running_headwater(config):
+            result = CliRunner().invoke(
+                cli, ["--config", str(config_file), "webhooks", "--port", "0"]
+            )
+        assert result.exit_code != 0
+        assert "held by another process" in result.output
+        assert "bus: kafka" in result.output

@@ -141,7 +141,7 @@ def test_messages_sent_to_two_collectors_at_once_arrive_once(
         ids = [f"d{i}" for i in range(150)]
         with (
             processes(config_file, tmp_path, COLLECTOR_ROLE, 2) as collectors,
-            processes(config_file, tmp_path, WORKER_ROLE, 1),
+            processes(config_file, tmp_path, WORKER_ROLE, 1) as (worker,),
         ):
             urls = [collector_url(c) for c in collectors]
 
@@ -159,6 +159,8 @@ def test_messages_sent_to_two_collectors_at_once_arrive_once(
             with open_state(load_config(config_file)) as store:
                 wait_until(lambda: not settled(store, ids), "every message settled", 90)
                 assert all(store.get("app", m).status is Status.DONE for m in ids)  # type: ignore[union-attr]
+            assert worker.stop() == 0  # SIGTERM: a graceful stop
+            assert "headwater: stopped" in worker.out.wait_for("headwater: stopped", 30)
         assert posts_per_id(receiver.requests) == Counter({m: 1 for m in ids})
 
 
