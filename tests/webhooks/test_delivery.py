@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 
+from headwater.http_headers import retry_after
 from headwater.testing.webhooks import Reply, running_receiver
 from headwater.webhooks.config import SVIX_RETRY_SCHEDULE_S, ReceiverConfig
 from headwater.webhooks.delivery import (
@@ -23,7 +24,6 @@ from headwater.webhooks.delivery import (
     deliver,
     judge,
     next_attempt_at,
-    retry_after,
 )
 from headwater.webhooks.signing import Signer
 

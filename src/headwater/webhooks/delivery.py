@@ -16,7 +16,6 @@ retry sends it again.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import random
 import time
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from enum import StrEnum
 
 import aiohttp
 
+from headwater.http_headers import retry_after
 from headwater.webhooks.config import ReceiverConfig
 from headwater.webhooks.signing import Signer
 from headwater.webhooks.state.base import EXCERPT_BYTES, Attempt
@@ -64,20 +64,6 @@ def judge(status: int, body: bytes) -> Verdict:
     if status in TRANSIENT_STATUSES or status >= 500:
         return Verdict.RETRY
     return Verdict.FAILED
-
-
-def retry_after(value: str | None, now: float) -> float | None:
-    """Seconds a ``Retry-After`` header asks to wait (delta-seconds or an HTTP date)."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - now)
 
 
 def next_attempt_at(
