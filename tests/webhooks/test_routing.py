@@ -36,13 +36,13 @@ def test_recorded_once_routed_while_still_arrived(tmp_path: Path) -> None:
     message = WebhookMessage("github", "m1", "ci", b'{"ref": "main"}')
     (routed,) = from_sender(store, CONFIG, message, 1.0)
     assert routed[0] == "webhooks.to_receiver.ci"
-    assert WebhookMessage.from_value(routed[1].value) == message
+    assert WebhookMessage.from_record(routed[1].value, routed[1].headers) == message
     assert routed[1].key == b"github/m1"
     # read again before its routing was committed: routed again, as first recorded (the
     # receiver's step delivers only an ARRIVED message)
     repeat = WebhookMessage("github", "m1", "ci", b'{"ref": "other"}')
     ((_, again),) = from_sender(store, CONFIG, repeat, 2.0)
-    assert WebhookMessage.from_value(again.value) == message
+    assert WebhookMessage.from_record(again.value, again.headers) == message
     store.advance("github", "m1", Status.DELIVERED_TO_RECEIVER, 3.0)
     assert from_sender(store, CONFIG, message, 4.0) == []  # sent again by the sender: dropped
     state = store.get("github", "m1")
@@ -54,15 +54,21 @@ def test_an_unknown_receiver_fails_with_a_reason(tmp_path: Path) -> None:
     message = WebhookMessage("github", "m2", "nobody", b"{}")
     ((topic, record),) = from_sender(store, CONFIG, message, 1.0)
     assert topic == FAILED_MESSAGES
-    assert "no receiver named 'nobody'" in WebhookMessage.from_value(record.value).reason
+    assert (
+        "no receiver named 'nobody'"
+        in WebhookMessage.from_record(record.value, record.headers).reason
+    )
     state = store.get("github", "m2")
     assert state is not None and state.status is Status.FAILED
 
 
-@pytest.mark.parametrize("value", [b"not json", b"{}", b'{"source_id": "s"}', b"[]"])
-def test_records_that_are_not_webhook_messages(value: bytes) -> None:
+@pytest.mark.parametrize(
+    "headers",
+    [(), (("hw-webhook-source", b"s"),), (("hw-webhook-id", b"\xff"), ("hw-webhook-source", b"s"))],
+)
+def test_records_that_are_not_webhook_messages(headers: tuple[tuple[str, bytes], ...]) -> None:
     with pytest.raises(BadMessage, match="not a webhook message"):
-        WebhookMessage.from_value(value)
+        WebhookMessage.from_record(b"{}", headers)
 
 
 def test_topic_names_are_valid_on_the_bus() -> None:

@@ -22,6 +22,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from headwater.collector.auth import WriteKeys, key_from_headers
 from headwater.collector.errors import Rejected, bad_request, too_large, unauthorized
 from headwater.collector.publisher import Publisher
@@ -97,9 +99,12 @@ class WebhookIntake:
                 "(webhooks.max_payload_bytes)"
             )
         try:
-            doc = json.loads(body)
-        except ValueError as e:
-            raise bad_request(f"the body is not JSON: {e}") from None
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            try:  # what orjson refuses but JSON allows (integers past 64 bits), or the error
+                doc = json.loads(body)
+            except ValueError as e:
+                raise bad_request(f"the body is not JSON: {e}") from None
         if not isinstance(doc, dict):
             raise bad_request("the body must be a JSON object with receiver and payload")
         message_id = doc.get("message_id") or headers.get("webhook-id")
@@ -121,7 +126,10 @@ class WebhookIntake:
             )
         if "payload" not in doc:
             raise bad_request("payload is required: the JSON the receiver gets")
-        payload = json.dumps(doc["payload"], separators=(",", ":"), ensure_ascii=False).encode()
+        try:
+            payload = orjson.dumps(doc["payload"])
+        except TypeError:  # an integer past 64 bits
+            payload = json.dumps(doc["payload"], separators=(",", ":"), ensure_ascii=False).encode()
         return WebhookMessage(source_id, message_id, receiver, payload)
 
     def status(self, source_id: str, message_id: str) -> tuple[int, dict[str, Any]]:
@@ -149,4 +157,4 @@ def status_url(base_url: str, source_id: str, message_id: str) -> str:
 
 
 def to_body(doc: dict[str, Any]) -> bytes:
-    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+    return orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE)

@@ -4,14 +4,15 @@
 Topics: ``webhooks.from_sender`` (keyed by source id: a source's messages stay in order),
 ``webhooks.to_receiver.<receiver>`` and ``webhooks.pending_from_receiver.<receiver>`` (one
 partition each: per-receiver order and limits), ``webhooks.to_sender``, and
-``webhooks.failed_messages``. A record's value is the message as JSON (:class:`WebhookMessage`);
-its key is ``<source_id>/<message_id>``.
+``webhooks.failed_messages``. A record's value is the sender's payload as it came (on
+``to_sender``: the receiver's response); the source, the message id, the receiver and, on
+``failed_messages``, the reason travel in headers (:class:`WebhookMessage`); its key is
+``<source_id>/<message_id>``.
 """
 
 from __future__ import annotations
 
-import base64
-import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from headwater.bus.records import Message
@@ -57,6 +58,14 @@ to_receiver = DEFAULT.to_receiver
 pending_from_receiver = DEFAULT.pending_from_receiver
 
 
+SOURCE_HEADER, MESSAGE_HEADER, RECEIVER_HEADER, REASON_HEADER = (
+    "hw-webhook-source",
+    "hw-webhook-id",
+    "hw-webhook-receiver",
+    "hw-webhook-reason",
+)
+
+
 class BadMessage(TerminalError):
     """A record on a webhook topic that is not a webhook message."""
 
@@ -76,28 +85,28 @@ class WebhookMessage:
         return f"{self.source_id}/{self.message_id}".encode()
 
     def to_message(self) -> Message:
-        body = {
-            "source_id": self.source_id,
-            "message_id": self.message_id,
-            "receiver": self.receiver,
-            "payload": base64.b64encode(self.payload).decode(),
-        }
+        """The record: the payload as the value, untouched; the rest in headers."""
+        headers = [
+            (SOURCE_HEADER, self.source_id.encode()),
+            (MESSAGE_HEADER, self.message_id.encode()),
+            (RECEIVER_HEADER, self.receiver.encode()),
+        ]
         if self.reason:
-            body["reason"] = self.reason
-        return Message(json.dumps(body, separators=(",", ":")).encode(), key=self.key)
+            headers.append((REASON_HEADER, self.reason.encode()))
+        return Message(self.payload, key=self.key, headers=tuple(headers))
 
     @classmethod
-    def from_value(cls, value: bytes) -> WebhookMessage:
+    def from_record(cls, value: bytes, headers: Sequence[tuple[str, bytes]]) -> WebhookMessage:
+        fields = dict(headers)
         try:
-            body = json.loads(value)
             return cls(
-                source_id=str(body["source_id"]),
-                message_id=str(body["message_id"]),
-                receiver=str(body["receiver"]),
-                payload=base64.b64decode(body["payload"], validate=True),
-                reason=str(body.get("reason", "")),
+                source_id=fields[SOURCE_HEADER].decode(),
+                message_id=fields[MESSAGE_HEADER].decode(),
+                receiver=fields[RECEIVER_HEADER].decode(),
+                payload=value,
+                reason=fields.get(REASON_HEADER, b"").decode(),
             )
-        except (ValueError, KeyError, TypeError) as e:
+        except (KeyError, UnicodeDecodeError) as e:
             raise BadMessage(f"not a webhook message ({type(e).__name__}: {e})") from None
 
 

@@ -157,7 +157,7 @@ class Workers:
         messages = []
         for record in records:
             try:
-                messages.append(WebhookMessage.from_value(record.value))
+                messages.append(WebhookMessage.from_record(record.value, record.headers))
             except TerminalError as e:
                 log.error(
                     "webhooks from_sender: skipping %s@%d: %s", record.topic, record.offset, e
@@ -174,7 +174,7 @@ class Workers:
         async def handle(record: Record) -> None:
             ctx = self.ctx
             assert ctx is not None
-            message = WebhookMessage.from_value(record.value)
+            message = WebhookMessage.from_record(record.value, record.headers)
             while ctx.disabled(receiver.name):  # held on the topic until enabled again
                 await self._hold()
             step = await ctx.to_receiver(message.source_id, message.message_id)
@@ -196,17 +196,17 @@ class Workers:
 
     async def _schedule_poll(self, record: Record) -> None:
         assert self.ctx is not None
-        state = self.store.get(*_key(WebhookMessage.from_value(record.value)))
+        state = self.store.get(*_key(WebhookMessage.from_record(record.value, record.headers)))
         if state is not None and state.status is Status.DELIVERED_TO_RECEIVER:
             await self.ctx.schedule_poll(state)
 
     async def _to_sender(self, record: Record) -> None:
         assert self.ctx is not None
-        message = WebhookMessage.from_value(record.value)
+        message = WebhookMessage.from_record(record.value, record.headers)
         await to_sender(self.ctx, message.source_id, message.message_id)
 
     async def _log_failed(self, record: Record) -> None:
-        message = WebhookMessage.from_value(record.value)
+        message = WebhookMessage.from_record(record.value, record.headers)
         log.warning(
             "webhooks: message %s/%s to %s FAILED: %s",
             message.source_id,

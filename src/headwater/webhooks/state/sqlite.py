@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from headwater.webhooks.state.base import (
     Attempt,
     Claim,
@@ -340,6 +342,6 @@ def _state(row: tuple[Any, ...]) -> MessageState:
         updated_at=updated,
         reason=reason,
         response=bytes(response) if response is not None else None,
-        history=tuple(Transition(Status(s), at, r) for s, at, r in json.loads(history)),
-        attempts=tuple(Attempt(**a) for a in json.loads(attempts)),
+        history=tuple(Transition(Status(s), at, r) for s, at, r in orjson.loads(history)),
+        attempts=tuple(Attempt(**a) for a in orjson.loads(attempts)),
     )
