@@ -12,13 +12,13 @@ import random
 from collections import defaultdict
 from typing import Any
 
-import aiohttp
 import pytest
 
 from headwater.delivery.bodies import TRIMMED, BodyFormat, Event, trim
 from headwater.delivery.config import HttpDeliveryConfig
 from headwater.delivery.sender import DestinationRefused, Sender
 from headwater.delivery.sessions import Report, TaskDelivery
+from headwater.http_client import HttpClient
 from headwater.testing.http_receiver import Batch, BatchReceiver, running_batch_receiver
 from headwater.testing.webhooks import Reply
 
@@ -47,7 +47,7 @@ def deliver(
     max_pending_bytes: int | None = None,
 ) -> Report:
     async def go() -> Report:
-        async with aiohttp.ClientSession() as http:
+        async with HttpClient() as http:
             sender = Sender(cfg, http, rng=random.Random(1))
             task = TaskDelivery(sender, "api", batch_id, max_pending_bytes=max_pending_bytes)
             return await task.run(items)

@@ -11,9 +11,9 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import aiohttp
 import pytest
 
+from headwater.http_client import HttpClient
 from headwater.http_headers import retry_after
 from headwater.testing.webhooks import Reply, running_receiver
 from headwater.webhooks.config import SVIX_RETRY_SCHEDULE_S, ReceiverConfig
@@ -33,9 +33,9 @@ PAYLOAD = b'{"event": "push"}'
 T = TypeVar("T")
 
 
-def run(make: Callable[[aiohttp.ClientSession], Awaitable[T]]) -> T:
+def run(make: Callable[[HttpClient], Awaitable[T]]) -> T:
     async def go() -> T:
-        async with aiohttp.ClientSession() as session:
+        async with HttpClient() as session:
             return await make(session)
 
     return asyncio.run(go())

@@ -27,11 +27,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import aiohttp
-
 from headwater.delivery.bodies import BodyFormat, Event
 from headwater.delivery.config import HttpDeliveryConfig
 from headwater.errors import TerminalError
+from headwater.http_client import HttpClient
 from headwater.http_headers import retry_after
 
 SESSION_HEADER = "X-Headwater-Session"
@@ -80,7 +79,7 @@ class Sender:
     def __init__(
         self,
         config: HttpDeliveryConfig,
-        http: aiohttp.ClientSession,
+        http: HttpClient,
         rng: random.Random | None = None,
     ) -> None:
         self.config = config
@@ -140,19 +139,17 @@ class Sender:
 
     async def _request(self, body: bytes, headers: dict[str, str]) -> Answer:
         try:
-            async with self.http.request(
+            response = await self.http.request(
                 self.config.method,
                 self.config.url,
-                data=body,
                 headers=headers,
-                timeout=aiohttp.ClientTimeout(total=self.config.timeout_s),
-                allow_redirects=False,
-            ) as response:
-                content = await response.read()
-                excerpt = content[:EXCERPT_BYTES].decode(errors="replace")
-                asked = retry_after(response.headers.get("Retry-After"), time.time())
-                return Answer(response.status, excerpt, asked)
+                body=body,
+                timeout=self.config.timeout_s,
+            )
         except TimeoutError:
             return Answer(None, f"no answer within {self.config.timeout_s:g} s", None)
-        except (aiohttp.ClientError, OSError) as e:
+        except OSError as e:
             return Answer(None, f"{type(e).__name__}: {e}", None)
+        excerpt = response.body[:EXCERPT_BYTES].decode(errors="replace")
+        asked = retry_after(response.headers.get("retry-after"), time.time())
+        return Answer(response.status, excerpt, asked)

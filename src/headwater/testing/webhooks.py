@@ -24,7 +24,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-import aiohttp
 from aiohttp import web
 
 if TYPE_CHECKING:
@@ -190,7 +189,9 @@ def run_steps(
     from headwater.webhooks.receiving import Receiving
 
     async def go() -> T:
-        async with aiohttp.ClientSession() as session:
+        from headwater.http_client import HttpClient
+
+        async with HttpClient() as session:
 
             async def respond(state: MessageState) -> None:
                 responded.append(state)

@@ -15,14 +15,12 @@ retry sends it again.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from dataclasses import dataclass
 from enum import StrEnum
 
-import aiohttp
-
+from headwater.http_client import HttpClient
 from headwater.http_headers import retry_after
 from headwater.webhooks.config import ReceiverConfig
 from headwater.webhooks.signing import Signer
@@ -82,7 +80,7 @@ def next_attempt_at(
 
 
 async def deliver(
-    session: aiohttp.ClientSession,
+    session: HttpClient,
     receiver: ReceiverConfig,
     signer: Signer,
     message_id: str,
@@ -98,7 +96,7 @@ async def deliver(
 
 
 async def ask_status(
-    session: aiohttp.ClientSession, receiver: ReceiverConfig, signer: Signer, message_id: str
+    session: HttpClient, receiver: ReceiverConfig, signer: Signer, message_id: str
 ) -> Outcome:
     """GET the receiver's ``status_url`` for the message: RESULT (done, with the result),
     ACCEPTED (known, result pending), FAILED with status 404 (never seen: send it), RETRY
@@ -110,7 +108,7 @@ async def ask_status(
 
 
 async def _exchange(
-    session: aiohttp.ClientSession,
+    session: HttpClient,
     method: str,
     url: str,
     timeout_s: float,
@@ -125,25 +123,15 @@ async def _exchange(
         return Attempt(started, kind, status, round(duration_ms, 3), excerpt, error)
 
     try:
-        async with session.request(
-            method,
-            url,
-            data=body,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-            allow_redirects=False,
-        ) as response:
-            content = await response.read()
-            excerpt = content[:EXCERPT_BYTES].decode(errors="replace")
-            verdict = judge(response.status, content)
-            asked = retry_after(response.headers.get("Retry-After"), time.time())
-            return Outcome(verdict, attempt(response.status, excerpt), content, asked)
+        response = await session.request(method, url, headers=headers, body=body, timeout=timeout_s)
     except TimeoutError:
         error = f"no answer within {timeout_s:g} s"
-    except aiohttp.ClientError as e:
-        error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
     except OSError as e:
         error = f"{type(e).__name__}: {e}"
-    except asyncio.CancelledError:
-        raise
+    else:
+        content = response.body
+        excerpt = content[:EXCERPT_BYTES].decode(errors="replace")
+        verdict = judge(response.status, content)
+        asked = retry_after(response.headers.get("retry-after"), time.time())
+        return Outcome(verdict, attempt(response.status, excerpt), content, asked)
     return Outcome(Verdict.RETRY, attempt(None, error=error), ambiguous=True)

@@ -31,8 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-import aiohttp
-
+from headwater.http_client import HttpClient
 from headwater.webhooks.config import ReceiverConfig, WebhooksConfig
 from headwater.webhooks.delivery import Outcome, Verdict, ask_status, deliver, next_attempt_at
 from headwater.webhooks.signing import Signer
@@ -71,7 +70,7 @@ class Receiving:
 
     store: StateStore
     config: WebhooksConfig
-    session: aiohttp.ClientSession
+    session: HttpClient
     respond: Hook
     pending: Hook | None = None
     failed: Hook | None = None

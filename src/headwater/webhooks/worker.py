@@ -31,11 +31,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import aiohttp
-
 from headwater.bus.base import Bus, Consumer
 from headwater.bus.records import Message, Record, TopicPartition
 from headwater.errors import HeadwaterError, TerminalError
+from headwater.http_client import HttpClient
 from headwater.webhooks.callbacks import to_sender
 from headwater.webhooks.config import ReceiverConfig, WebhooksConfig
 from headwater.webhooks.receiving import Receiving, Step
@@ -89,8 +88,7 @@ class Workers:
         and commit it."""
         self._stop, self._grace_s = stop, grace_s
         await asyncio.to_thread(self.create_topics)
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
-        async with aiohttp.ClientSession(connector=connector) as session:
+        async with HttpClient() as session:
             self.ctx = ctx = Receiving(
                 self.store,
                 self.config,
