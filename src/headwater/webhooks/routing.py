@@ -6,8 +6,8 @@ Topics: ``webhooks.from_sender`` (keyed by source id: a source's messages stay i
 partition each: per-receiver order and limits), ``webhooks.to_sender``, and
 ``webhooks.failed_messages``. A record's value is the sender's payload as it came (on
 ``to_sender``: the receiver's response); the source, the message id, the receiver and, on
-``failed_messages``, the reason travel in headers (:class:`WebhookMessage`); its key is
-``<source_id>/<message_id>``.
+``failed_messages``, the reason travel in headers (:class:`WebhookMessage`); its key is the
+source id.
 """
 
 from __future__ import annotations
@@ -82,7 +82,9 @@ class WebhookMessage:
 
     @property
     def key(self) -> bytes:
-        return f"{self.source_id}/{self.message_id}".encode()
+        """The source id: ``from_sender`` is partitioned by source, so a source's messages
+        keep their order (the other topics have one partition, or order by receiver)."""
+        return self.source_id.encode()
 
     def to_message(self) -> Message:
         """The record: the payload as the value, untouched; the rest in headers."""
