@@ -41,6 +41,9 @@ class HttpDeliveryConfig(Section):
         "ndjson: one event per line; json: an array of events.",
     )
     compression: Literal["gzip", "none"] = "gzip"
+    compression_level: int = Field(
+        1, ge=1, le=9, description="gzip's level: 1 compresses twice as fast as 6, ~20% larger."
+    )
     group_by: list[str] = Field(
         default_factory=list,
         description="JSON paths (/user_id) whose values make the session key; none: one "

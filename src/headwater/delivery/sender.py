@@ -101,7 +101,7 @@ class Sender:
         outcome = Outcome()
         body = self.format.encode(session, events)
         if self.config.compression == "gzip":
-            body = gzip.compress(body, compresslevel=5)
+            body = gzip.compress(body, compresslevel=self.config.compression_level)
         headers = {**self.headers, SESSION_HEADER: session, IDEMPOTENCY_HEADER: key}
         retry = self.config.retry
         started = time.monotonic()

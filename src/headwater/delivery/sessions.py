@@ -44,6 +44,7 @@ class _Session:
     queue: deque[tuple[list[Event], int]] = field(default_factory=deque)  # batch, bytes
     sequence: int = 0
     sending: asyncio.Task[None] | None = None
+    room: int = 0  # bytes a batch's events may take
 
 
 @dataclass
@@ -84,10 +85,12 @@ class TaskDelivery:
         try:
             if isinstance(events, AsyncIterator):
                 async for key, event in events:
-                    await self.add(key, event)
+                    if self._add(key, event):
+                        await self._wait()
             else:
                 for key, event in events:
-                    await self.add(key, event)
+                    if self._add(key, event):
+                        await self._wait()
             for session in self._sessions.values():
                 self._seal(session)
         finally:
@@ -105,24 +108,37 @@ class TaskDelivery:
         return self.report
 
     async def add(self, key: str, event: Event) -> None:
+        """Add one event (waiting while too much is queued)."""
+        if self._add(key, event):
+            await self._wait()
+
+    def _add(self, key: str, event: Event) -> bool:
+        """Add one event to its session's buffer; True when the caller must wait for the
+        queued batches to drain (backpressure)."""
         if self._error is not None:
             raise self._error
         session = self._sessions.get(key)
         if session is None:
             session = self._sessions[key] = _Session(session_name(self.destination, key))
-        limit = self.config.max_batch_bytes
-        room = limit - self.format.fixed(session.name)
-        fitted = trim(event, room, self.format)
-        if fitted is None:
-            reason = f"the event is larger than max_batch_bytes ({limit}) even when trimmed"
-            self.report.too_large.append((event, reason))
-            return
-        cost = self.format.cost(fitted, first=not session.events)
-        if session.events and session.size + cost > room:
+            session.room = self.config.max_batch_bytes - self.format.fixed(session.name)
+        cost = self.format.cost(event, first=not session.events)
+        if cost > session.room:  # too large for any batch: trimmed, or failed
+            fitted = trim(event, session.room, self.format)
+            if fitted is None:
+                limit = self.config.max_batch_bytes
+                reason = f"the event is larger than max_batch_bytes ({limit}) even when trimmed"
+                self.report.too_large.append((event, reason))
+                return False
+            event = fitted
+            cost = self.format.cost(event, first=not session.events)
+        if session.events and session.size + cost > session.room:
             self._seal(session)
-            cost = self.format.cost(fitted, first=True)
-        session.events.append(fitted)
+            cost = self.format.cost(event, first=True)
+        session.events.append(event)
         session.size += cost
+        return self._pending_bytes > self.max_pending_bytes
+
+    async def _wait(self) -> None:
         while self._pending_bytes > self.max_pending_bytes and self._error is None:
             self._drained.clear()
             await self._drained.wait()  # backpressure: stop reading until batches are sent
