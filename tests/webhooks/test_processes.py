@@ -224,7 +224,17 @@ def test_webhook_workers_killed_at_random_lose_and_repeat_nothing(
             stack.callback(lambda: [w.close() for w in workers])
         assert kills >= 10 and len(accepted) > 200
         with open_state(load_config(config_file)) as store:
-            wait_until(lambda: not settled(store, accepted), "every message settled", 180)
+            try:
+                wait_until(lambda: not settled(store, accepted), "every message settled", 180)
+            except AssertionError:
+                stuck = settled(store, accepted)
+                raise AssertionError(
+                    f"{len(stuck)} message(s) not settled: "
+                    + "; ".join(
+                        f"{m}: {(s := store.get('app', m)) and s.to_json()}"
+                        for m in list(stuck)[:3]
+                    )
+                ) from None
             states = [store.get("app", m) for m in accepted]
         failed = [s for s in states if s is not None and s.status is Status.FAILED]
         assert all(s.reason for s in failed)

@@ -19,7 +19,7 @@ from headwater.testing.webhooks import Receiver, Reply, Script, run_steps, runni
 from headwater.webhooks.config import WebhooksConfig
 from headwater.webhooks.receiving import Receiving, Step
 from headwater.webhooks.state import MessageState, Status
-from headwater.webhooks.state.base import DELIVER, POLL
+from headwater.webhooks.state.base import DELIVER, POLL, Claim
 from headwater.webhooks.state.sqlite import SqliteState
 
 SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()
@@ -184,3 +184,27 @@ def test_the_rate_limit_spaces_requests(tmp_path: Path) -> None:
         times = sorted(p.at for p in receiver.posts())
     # 10 per second, evenly spaced: 12 requests span at least 1.1 s
     assert times[-1] - times[0] >= 1.0
+
+
+def test_a_message_held_by_a_worker_that_died_is_looked_at_again(tmp_path: Path) -> None:
+    with running_receiver(SECRET, scripted(Reply(200, b'{"ok": 1}'))) as receiver:
+        h = Harness(tmp_path, receiver, timeout_s=2)
+        h.arrive()
+        # another worker claimed the send, then died: its record is read again elsewhere
+        assert h.store.begin_send(h.status(), time.time(), time.time() + 7) is Claim.CLAIMED
+        before = time.time()
+        assert h.step() is Step.SKIPPED  # busy: not sent twice at once
+        (due,) = h.store.take_due(DELIVER, before + 60, 10)
+        assert due == ("github", "m1")  # ...but it will be looked at again, not lost
+        assert not receiver.posts()
+
+
+def test_a_repeated_record_does_not_retry_before_the_schedule(tmp_path: Path) -> None:
+    with running_receiver(SECRET, scripted(Reply(503), Reply(200, b"{}"))) as receiver:
+        h = Harness(tmp_path, receiver, retry_schedule_s=[30])
+        h.arrive()
+        assert h.step() is Step.SCHEDULED  # 503: the retry waits 30 s (+-20%)
+        from_topic = h.run(lambda r: r.to_receiver("github", "m1", from_topic=True))
+        assert from_topic is Step.SCHEDULED and len(receiver.posts()) == 1  # not sooner
+        (due,) = h.store.take_due(DELIVER, time.time() + 40, 10)
+        assert due == ("github", "m1")

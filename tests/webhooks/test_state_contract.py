@@ -274,3 +274,27 @@ def test_receivers_are_disabled_and_enabled(open_store) -> None:
     assert b.receivers() == {"ci": ReceiverState("ci", True, "410 gone", 5.0)}
     b.set_receiver("ci", False, "", 6.0)
     assert not a.receivers()["ci"].disabled
+
+
+def test_done_messages_are_forgotten_after_their_retention(store: StateStore) -> None:
+    for message_id, done_at in (("old", 10.0), ("new", 50.0)):
+        store.arrive("s", message_id, "r", b"{}", 1.0)
+        store.advance(
+            "s",
+            message_id,
+            Status.RESPONSE_RECEIVED_FROM_RECEIVER,
+            done_at - 1,
+            response=b"{}",
+            via=Status.DELIVERED_TO_RECEIVER,
+        )
+        store.advance("s", message_id, Status.DONE, done_at)
+    store.arrive("s", "failed", "r", b"{}", 1.0)
+    store.advance("s", "failed", Status.FAILED, 2.0, reason="x")
+    store.arrive("s", "waiting", "r", b"{}", 1.0)
+    assert store.purge(before=20.0) == 1
+    assert store.get("s", "old") is None and not store.known("s", "old")
+    assert all(store.get("s", m) is not None for m in ("new", "failed", "waiting"))
+    assert store.purge(before=20.0) == 0
+    assert store.purge(before=60.0, limit=5) == 1
+    created, again = store.arrive("s", "old", "r", b"{}", 70.0)  # a repeat is new now
+    assert created and again.status is Status.ARRIVED

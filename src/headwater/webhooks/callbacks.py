@@ -17,7 +17,7 @@ import json
 
 from headwater.webhooks.config import SVIX_RETRY_SCHEDULE_S, ReceiverConfig
 from headwater.webhooks.delivery import Verdict, deliver, next_attempt_at
-from headwater.webhooks.receiving import SEND_GRACE_S, Receiving, Step
+from headwater.webhooks.receiving import SEND_GRACE_S, Receiving, Step, not_before
 from headwater.webhooks.state.base import (
     CALLBACK,
     Attempt,
@@ -45,7 +45,9 @@ def callback_body(state: MessageState) -> bytes:
     ).encode()
 
 
-async def to_sender(ctx: Receiving, source_id: str, message_id: str) -> Step:
+async def to_sender(
+    ctx: Receiving, source_id: str, message_id: str, from_topic: bool = False
+) -> Step:
     state = ctx.store.get(source_id, message_id)
     if state is None or state.status is not Status.RESPONSE_RECEIVED_FROM_RECEIVER:
         return Step.SKIPPED
@@ -60,9 +62,13 @@ async def to_sender(ctx: Receiving, source_id: str, message_id: str) -> Step:
         retry_schedule_s=list(SVIX_RETRY_SCHEDULE_S),
     )
     now = ctx.clock()
+    due = not_before(state, CALLBACK, endpoint.retry_schedule_s, now) if from_topic else None
+    if due is not None:  # a repeated record before the retry is due
+        ctx.store.schedule(CALLBACK, source_id, message_id, due)
+        return Step.SCHEDULED
     claim = ctx.store.begin_send(state, now, now + endpoint.timeout_s + SEND_GRACE_S)
-    if claim in (Claim.BUSY, Claim.MOVED):
-        return Step.SKIPPED  # another worker is calling back right now, or did
+    if claim in (Claim.BUSY, Claim.MOVED):  # another worker is calling back, or just did
+        return ctx.recheck(state, CALLBACK, endpoint.timeout_s)
     outcome = await deliver(
         ctx.session,
         endpoint,

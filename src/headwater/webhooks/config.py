@@ -151,6 +151,12 @@ class WebhooksConfig(Section):
         pattern=r"^[A-Za-z0-9._-]+$",
         description="Prefix of the webhook topics (and of the workers' consumer groups).",
     )
+    retention_s: float = Field(
+        7 * 86400.0,
+        gt=0,
+        description="How long a DONE message is kept (status, attempts; and the dedup of its "
+        "id). FAILED ones stay until retried.",
+    )
     claim_lease_s: float = Field(
         60.0,
         gt=0,

@@ -27,13 +27,20 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from headwater.http_client import HttpClient
 from headwater.webhooks.config import ReceiverConfig, WebhooksConfig
-from headwater.webhooks.delivery import Outcome, Verdict, ask_status, deliver, next_attempt_at
+from headwater.webhooks.delivery import (
+    JITTER,
+    Outcome,
+    Verdict,
+    ask_status,
+    deliver,
+    next_attempt_at,
+)
 from headwater.webhooks.signing import Signer
 from headwater.webhooks.state.base import (
     DELIVER,
@@ -108,7 +115,10 @@ class Receiving:
         delivered = state.last(Status.DELIVERED_TO_RECEIVER) or self.clock()
         self.store.schedule(POLL, *state.key, delivered + FIRST_POLL_S)
 
-    async def to_receiver(self, source_id: str, message_id: str) -> Step:
+    async def to_receiver(self, source_id: str, message_id: str, from_topic: bool = False) -> Step:
+        """The step for one message; ``from_topic``: run for a record of the topic (which may
+        be a repeat), not for its entry on the schedule, so a retry that is not due yet waits
+        for it."""
         state = self.store.get(source_id, message_id)
         if state is None:
             return Step.SKIPPED
@@ -120,11 +130,16 @@ class Receiving:
         if self.disabled(receiver.name):
             self.store.schedule(DELIVER, *state.key, self.clock() + DISABLED_RECHECK_S)
             return Step.SCHEDULED
+        schedule = receiver.retry_schedule_s
+        due = not_before(state, DELIVER, schedule, self.clock()) if from_topic else None
+        if due is not None:  # a repeated record before the retry is due
+            self.store.schedule(DELIVER, *state.key, due)
+            return Step.SCHEDULED
         signer = self.signer(receiver)
         await self.rate_limited(receiver)
         claim = self._claim(state, receiver)
-        if claim in (Claim.BUSY, Claim.MOVED):
-            return Step.SKIPPED  # another worker is sending it, or has acted on it
+        if claim in (Claim.BUSY, Claim.MOVED):  # another worker is sending it, or acted on it
+            return self.recheck(state, DELIVER, receiver.timeout_s)
         ambiguous = claim is Claim.INTERRUPTED or _last_was_ambiguous(state)
         if ambiguous and receiver.status_url is not None:
             known = await ask_status(self.session, receiver, signer, message_id)
@@ -136,9 +151,16 @@ class Receiving:
             await self.rate_limited(receiver)
             asked = replace(state, attempts=(*state.attempts, known.attempt))
             if self._claim(asked, receiver) is not Claim.CLAIMED:
-                return Step.SKIPPED
+                return self.recheck(state, DELIVER, receiver.timeout_s)
         outcome = await deliver(self.session, receiver, signer, message_id, state.payload)
         return await self._settle(state, receiver, outcome)
+
+    def recheck(self, state: MessageState, kind: str, timeout_s: float) -> Step:
+        """Another worker holds the message (or just acted on it): look again once its claim
+        would have run out, for if that worker died, nothing else would (the record that
+        brought the message here is committed)."""
+        self.store.schedule(kind, *state.key, self.clock() + timeout_s + SEND_GRACE_S + 1.0)
+        return Step.SKIPPED
 
     def _claim(self, state: MessageState, receiver: ReceiverConfig) -> Claim:
         now = self.clock()
@@ -214,6 +236,21 @@ class Receiving:
         if self.failed is not None:
             await self.failed(failed)
         return Step.FAILED
+
+
+def not_before(
+    state: MessageState, kind: str, schedule: Sequence[float], now: float
+) -> float | None:
+    """When the next try of ``kind`` is due, if that is still to come: the last failed try of
+    the message's current stage plus its wait on ``schedule`` (at the low end of the jitter),
+    so that a step run early (a repeated record, a re-check) does not retry sooner than the
+    schedule says. None: try now."""
+    since = state.history[-1].at if state.history else 0.0
+    tried = [a for a in state.attempts if a.kind == kind and a.at >= since]
+    if not tried or len(tried) > len(schedule):
+        return None
+    due = tried[-1].at + schedule[len(tried) - 1] * (1 - JITTER)
+    return due if due > now else None
 
 
 def _last_was_ambiguous(state: MessageState) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from headwater.webhooks.callbacks import to_sender
@@ -22,6 +23,8 @@ from headwater.webhooks.state.base import CALLBACK, DELIVER, POLL
 log = logging.getLogger(__name__)
 IDLE_S = 0.05  # between looks at the schedules when nothing was due
 BATCH = 64  # entries claimed per schedule per look
+PURGE_EVERY_S = 60.0
+PURGE_BATCH = 1000
 
 StepFn = Callable[[Receiving, str, str], Awaitable[Step]]
 
@@ -50,9 +53,24 @@ async def run_due(ctx: Receiving) -> int:
     return ran
 
 
+def purge(ctx: Receiving) -> int:
+    """Forget the DONE messages older than ``retention_s``; how many."""
+    before = ctx.clock() - ctx.config.retention_s
+    total = 0
+    while (n := ctx.store.purge(before, PURGE_BATCH)) > 0:
+        total += n
+    return total
+
+
 async def run_schedules(ctx: Receiving, stop: asyncio.Event) -> None:
-    """Run due steps until ``stop`` is set."""
+    """Run due steps until ``stop`` is set; every ``PURGE_EVERY_S``, forget DONE messages
+    past their retention."""
+    purged_at = 0.0
     while not stop.is_set():
+        if time.monotonic() - purged_at > PURGE_EVERY_S:
+            purged_at = time.monotonic()
+            if n := await asyncio.to_thread(purge, ctx):
+                log.info("webhooks: forgot %d DONE message(s) past webhooks.retention_s", n)
         if await run_due(ctx) == 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), IDLE_S)

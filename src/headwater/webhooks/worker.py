@@ -175,7 +175,7 @@ class Workers:
             message = WebhookMessage.from_record(record.value, record.headers)
             while ctx.disabled(receiver.name):  # held on the topic until enabled again
                 await self._hold()
-            step = await ctx.to_receiver(message.source_id, message.message_id)
+            step = await ctx.to_receiver(message.source_id, message.message_id, from_topic=True)
             if receiver.ordered and step is Step.SCHEDULED:
                 # strict FIFO: the receiver's next message waits for this one's retries
                 while (state := self.store.get(*_key(message))) is not None and (
@@ -201,7 +201,7 @@ class Workers:
     async def _to_sender(self, record: Record) -> None:
         assert self.ctx is not None
         message = WebhookMessage.from_record(record.value, record.headers)
-        await to_sender(self.ctx, message.source_id, message.message_id)
+        await to_sender(self.ctx, message.source_id, message.message_id, from_topic=True)
 
     async def _log_failed(self, record: Record) -> None:
         message = WebhookMessage.from_record(record.value, record.headers)

@@ -259,6 +259,11 @@ class StateStore(abc.ABC):
         """FAILED messages (of ``receiver``, failed at or after ``since``), oldest first."""
 
     @abc.abstractmethod
+    def purge(self, before: float, limit: int = 1000) -> int:
+        """Forget up to ``limit`` DONE messages that became DONE before ``before`` (their
+        status, history and attempts; a repeat of one is then a new message); how many."""
+
+    @abc.abstractmethod
     def set_receiver(self, name: str, disabled: bool, reason: str, now: float) -> None:
         """Disable a receiver (a 410, or an operator) or enable it again."""
 

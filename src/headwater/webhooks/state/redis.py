@@ -5,7 +5,8 @@ on the server; the rate limit's clock is the server's (``TIME``), the same for e
 Keys (under ``prefix``): ``m:<source>\\0<id>`` a hash (receiver, status, payload, times, reason,
 response), ``h:<source>\\0<id>`` its history and ``a:<source>\\0<id>`` its attempts (lists of JSON),
 ``s:<kind>`` the schedule (a sorted set by due time), ``r:<receiver>`` the rate limit's
-theoretical arrival time, ``f`` the FAILED messages (a sorted set by the time they failed),
+theoretical arrival time, ``f`` the FAILED messages and ``d`` the DONE ones (sorted sets by the
+time they got there),
 ``receivers`` the receivers' disabled flags (a hash by name).
 """
 
@@ -39,7 +40,7 @@ redis.call('RPUSH', KEYS[2], ARGV[5])
 return 1
 """
 
-# KEYS: message hash, history, failed set, attempts; ARGV: status, now, reason (kept when
+# KEYS: message hash, history, failed set, attempts, done set; ARGV: status, now, reason (kept when
 # FAILED), has response, response, member of the failed set, an attempt ('' for none),
 # n history entries, the entries..., allowed previous statuses... Returns the message as it
 # is now (its hash, history and attempts).
@@ -62,6 +63,7 @@ if ARGV[1] == 'FAILED' then
 elseif current == 'FAILED' then
   redis.call('ZREM', KEYS[3], ARGV[6])
 end
+if ARGV[1] == 'DONE' then redis.call('ZADD', KEYS[5], ARGV[2], ARGV[6]) end
 return {'ok', redis.call('HGETALL', KEYS[1]), redis.call('LRANGE', KEYS[2], 0, -1),
         redis.call('LRANGE', KEYS[4], 0, -1)}
 """
@@ -223,7 +225,7 @@ class RedisState(StateStore):
         args: list[Any] = [status.value, repr(now), kept, "1" if response else "0"]
         args += [response or b"", f"{source_id}{SEP}{message_id}", tried, len(entries)]
         args += [*entries, *(s.value for s in allowed)]
-        keys = [message, history, f"{self.prefix}f", attempts]
+        keys = [message, history, f"{self.prefix}f", attempts, f"{self.prefix}d"]
         outcome = self._advance(keys=keys, args=args)
         verdict = outcome[0].decode()
         if verdict == "missing":
@@ -276,6 +278,18 @@ class RedisState(StateStore):
                 if len(out) >= limit:
                     break
         return out
+
+    def purge(self, before: float, limit: int = 1000) -> int:
+        done = f"{self.prefix}d"
+        members = self._redis.zrangebyscore(done, "-inf", f"({before!r}", start=0, num=limit)
+        if not members:
+            return 0
+        pipe = self._redis.pipeline(transaction=True)
+        for member in members:
+            pipe.delete(*self._keys(*_split(member)))
+        pipe.zrem(done, *members)
+        pipe.execute()
+        return len(members)
 
     def set_receiver(self, name: str, disabled: bool, reason: str, now: float) -> None:
         flag = json.dumps({"disabled": disabled, "reason": reason, "at": now})

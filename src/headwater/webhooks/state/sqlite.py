@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 DROP INDEX IF EXISTS messages_status;
 CREATE INDEX IF NOT EXISTS messages_failed ON messages (updated_at) WHERE status = 'FAILED';
+CREATE INDEX IF NOT EXISTS messages_done ON messages (updated_at) WHERE status = 'DONE';
 CREATE TABLE IF NOT EXISTS schedule (
     kind TEXT NOT NULL, source_id TEXT NOT NULL, message_id TEXT NOT NULL, due_at REAL NOT NULL,
     PRIMARY KEY (kind, source_id, message_id)
@@ -284,6 +285,14 @@ class SqliteState(StateStore):
         with self._lock:
             rows = self._conn.execute(f"{sql} ORDER BY updated_at LIMIT ?", (*args, limit))
             return [_state(row) for row in rows.fetchall()]
+
+    def purge(self, before: float, limit: int = 1000) -> int:
+        with self._lock:
+            return self._conn.execute(
+                "DELETE FROM messages WHERE rowid IN (SELECT rowid FROM messages "
+                "WHERE status = 'DONE' AND updated_at < ? LIMIT ?)",
+                (before, limit),
+            ).rowcount
 
     def set_receiver(self, name: str, disabled: bool, reason: str, now: float) -> None:
         with self._lock:
