@@ -107,11 +107,6 @@ class TaskDelivery:
         self.report.sessions = len(self._sessions)
         return self.report
 
-    async def add(self, key: str, event: Event) -> None:
-        """Add one event (waiting while too much is queued)."""
-        if self._add(key, event):
-            await self._wait()
-
     def _add(self, key: str, event: Event) -> bool:
         """Add one event to its session's buffer; True when the caller must wait for the
         queued batches to drain (backpressure)."""

@@ -61,14 +61,7 @@ async def serve(
     from headwater.collector.service import Collector
 
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    installed: list[signal.Signals] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-            installed.append(sig)
-        except (RuntimeError, ValueError):  # not the main thread
-            pass
+    installed = stop_on_signals(stop)
     cfg = config.collector
     bus: Bus | None = None
     server: CollectorServer | None = None
@@ -140,9 +133,27 @@ async def serve(
             await asyncio.to_thread(pipeline.stop)
         if bus is not None:
             await asyncio.to_thread(bus.close)
-        for sig in installed:
-            loop.remove_signal_handler(sig)
+        remove_signals(installed)
     echo("headwater: stopped")
+
+
+def stop_on_signals(stop: asyncio.Event) -> list[signal.Signals]:
+    """Make SIGTERM and SIGINT set ``stop`` (in the main thread only); the ones installed."""
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (RuntimeError, ValueError):  # not the main thread
+            pass
+    return installed
+
+
+def remove_signals(installed: list[signal.Signals]) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in installed:
+        loop.remove_signal_handler(sig)
 
 
 async def open_webhooks(

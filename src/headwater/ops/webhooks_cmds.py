@@ -174,7 +174,7 @@ def failed_retry_cmd(
     at once; the running workers take it from the state's schedule."""
     import time
 
-    from headwater.webhooks.state import InvalidTransition, open_state
+    from headwater.webhooks.state import InvalidTransition, UnknownMessage, open_state
 
     _known_receiver(ctx, receiver)
     with open_state(cli_config(ctx)) as store:
@@ -189,11 +189,12 @@ def failed_retry_cmd(
             wanted = [s.key for s in store.failed(receiver, _since(since), limit=1_000_000)]
         retried: list[tuple[str, str, str]] = []
         for source_id, message_id in wanted:
-            state = store.get(source_id, message_id)
-            if state is None:
-                raise BadInput(f"no webhook message {message_id!r} from source {source_id!r}")
             try:
                 _, kind = store.retry(source_id, message_id, time.time())
+            except UnknownMessage:
+                raise BadInput(
+                    f"no webhook message {message_id!r} from source {source_id!r}"
+                ) from None
             except InvalidTransition as e:
                 raise BadInput(f"{source_id}/{message_id} is {e.current}, not FAILED") from None
             retried.append((source_id, message_id, kind))

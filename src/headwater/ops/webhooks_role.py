@@ -10,7 +10,6 @@ a second process cannot write to it, so this role says so and exits.
 from __future__ import annotations
 
 import asyncio
-import signal
 from collections.abc import Callable
 
 from aiohttp import web
@@ -19,7 +18,7 @@ from headwater.bus import open_bus
 from headwater.bus.errors import LogLocked
 from headwater.config.model import HeadwaterConfig
 from headwater.ops.errors import BadInput
-from headwater.ops.up import describe_bus
+from headwater.ops.up import describe_bus, remove_signals, stop_on_signals
 
 
 async def serve_webhooks(
@@ -35,14 +34,7 @@ async def serve_webhooks(
     if not config.webhooks.receivers:
         raise BadInput("webhooks.receivers is empty: there is nothing for the workers to do")
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    installed = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-            installed.append(sig)
-        except (RuntimeError, ValueError):  # not the main thread
-            pass
+    installed = stop_on_signals(stop)
     if config.bus.backend == "embedded":
         config.data_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -89,8 +81,7 @@ async def serve_webhooks(
         if store is not None:
             store.close()
         await asyncio.to_thread(bus.close)
-        for sig in installed:
-            loop.remove_signal_handler(sig)
+        remove_signals(installed)
     echo("headwater: stopped")
 
 

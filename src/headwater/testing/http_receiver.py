@@ -7,7 +7,6 @@ were in flight at once (seed D1: the test fails on it), and answers as the test 
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import json
 import threading
@@ -20,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from headwater.delivery.sender import IDEMPOTENCY_HEADER, SESSION_HEADER
-from headwater.testing.webhooks import Reply
+from headwater.testing.webhooks import Reply, answer, serving_app
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,6 @@ def running_batch_receiver(
     receiver = BatchReceiver()
     lock = threading.Lock()
     in_flight: dict[str, int] = {}
-    loop = asyncio.new_event_loop()
 
     async def handle(request: web.Request) -> web.StreamResponse:
         started = time.time()
@@ -89,35 +87,13 @@ def running_batch_receiver(
                 receiver.requests.append(
                     Batch(session, probe.key, events, len(body), started, reply.status)
                 )
-            if reply.delay_s:
-                await asyncio.sleep(reply.delay_s)
-            if reply.reset:
-                assert request.transport is not None
-                request.transport.abort()
-                return web.Response(status=499)
-            return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+            return await answer(request, reply)
         finally:
             with lock:
                 in_flight[session] -= 1
 
     app = web.Application(client_max_size=64 << 20)
     app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    thread = threading.Thread(target=loop.run_forever, name="test-batch-receiver", daemon=True)
-    thread.start()
-
-    async def start() -> int:
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-
-    port = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-    receiver.url = f"http://127.0.0.1:{port}/ingest"
-    try:
+    with serving_app(app, "test-batch-receiver") as port:
+        receiver.url = f"http://127.0.0.1:{port}/ingest"
         yield receiver
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()

@@ -100,7 +100,6 @@ def running_receiver(
 ) -> Iterator[Receiver]:
     """Serve until the block ends; ``secret`` (whsec_...) verifies the signatures."""
     verified = _verifier(secret)
-    loop = asyncio.new_event_loop()
     receiver = Receiver(url="", status_url="")
     lock = threading.Lock()
 
@@ -118,15 +117,6 @@ def running_receiver(
         with lock:
             receiver.requests.append(received)
         return received
-
-    async def answer(request: web.Request, reply: Reply) -> web.StreamResponse:
-        if reply.delay_s:
-            await asyncio.sleep(reply.delay_s)
-        if reply.reset:
-            assert request.transport is not None
-            request.transport.abort()
-            return web.Response(status=499)  # never arrives: the connection is gone
-        return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
 
     async def post(request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -154,8 +144,30 @@ def running_receiver(
     app = web.Application()
     app.router.add_post("/hooks", post)
     app.router.add_get("/status/{message_id}", status)
+    with serving_app(app, "test-receiver") as port:
+        receiver.url = f"http://127.0.0.1:{port}/hooks"
+        receiver.status_url = f"http://127.0.0.1:{port}/status/{{message_id}}"
+        yield receiver
+
+
+async def answer(request: web.Request, reply: Reply) -> web.StreamResponse:
+    """Answer as ``reply`` says: after its delay, or by cutting the connection."""
+    if reply.delay_s:
+        await asyncio.sleep(reply.delay_s)
+    if reply.reset:
+        assert request.transport is not None
+        request.transport.abort()
+        return web.Response(status=499)  # never arrives: the connection is gone
+    return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+
+
+@contextmanager
+def serving_app(app: web.Application, name: str) -> Iterator[int]:
+    """Serve ``app`` on a free loopback port (yielded) from a thread of its own until the
+    block ends."""
+    loop = asyncio.new_event_loop()
     runner = web.AppRunner(app, access_log=None)
-    thread = threading.Thread(target=loop.run_forever, name="test-receiver", daemon=True)
+    thread = threading.Thread(target=loop.run_forever, name=name, daemon=True)
     thread.start()
 
     async def start() -> int:
@@ -166,11 +178,8 @@ def running_receiver(
         assert server is not None
         return int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
 
-    port = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-    receiver.url = f"http://127.0.0.1:{port}/hooks"
-    receiver.status_url = f"http://127.0.0.1:{port}/status/{{message_id}}"
     try:
-        yield receiver
+        yield asyncio.run_coroutine_threadsafe(start(), loop).result(30)
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
