@@ -25,7 +25,9 @@ Figures:
 2. End to end, per state: the client POSTs the messages to ``/webhooks/{source}`` (each
    answered 202 once durable on the log); the time from the first POST to the last callback
    at the sender: messages/s, and the ratio to the reference.
-3. Unloaded latency, per state: 300 messages one at a time, 20 ms apart: intake (the POST
+3. The floor: the same load through a relay that keeps nothing (``--role relay``): three HTTP
+   exchanges per message (intake, delivery, callback) with no state and no log.
+4. Unloaded latency, per state: 300 messages one at a time, 20 ms apart: intake (the POST
    sent) -> the receiver got it, p50/p99.
 
 Targets (issue 10): >= 5,000 messages/s end to end with the embedded state, and >= 50% of the
@@ -119,6 +121,51 @@ def headwater_main(config_file: Path, port_file: Path) -> None:
             port_file.write_text(line.split(" at ", 1)[1].removesuffix("/healthz"))
 
     _run(serve(config, Listen("127.0.0.1", 0, None), echo=echo, with_webhooks=True))
+
+
+# -- the floor: the same three exchanges with no state and no log (a child process) ------------
+def relay_main(receiver: str, port_file: Path, concurrency: int) -> None:
+    """What any transport shaped like this one pays on this machine's stack before it keeps
+    anything: aiohttp's server takes the message (auth, JSON) and answers 202; ``concurrency``
+    workers sign it, POST it to the receiver with headwater's HTTP client and POST the response to
+    the sender's callback. Nothing is stored, deduplicated or retried."""
+    import orjson
+    from aiohttp import web
+
+    from headwater.http_client import HttpClient
+    from headwater.webhooks.signing import Signer
+
+    signer = Signer.from_secrets([SECRET])
+    queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
+
+    async def intake(request: web.Request) -> web.Response:
+        if request.headers.get("authorization") != f"Bearer {KEY}":
+            return web.Response(status=401)
+        doc = orjson.loads(await request.read())
+        queue.put_nowait((doc["message_id"], orjson.dumps(doc["payload"])))
+        return web.json_response({"status": "accepted"}, status=202)
+
+    async def worker(client: HttpClient) -> None:
+        while True:
+            mid, body = await queue.get()
+            headers = {"content-type": "application/json", **signer.headers(mid, body)}
+            r = await client.request("POST", f"{receiver}/hooks", headers=headers, body=body)
+            await client.request("POST", f"{receiver}/callback", headers=headers, body=r.body)
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/webhooks/app", intake)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        async with HttpClient() as client:
+            workers = [asyncio.create_task(worker(client)) for _ in range(concurrency)]
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            port_file.write_text(f"http://127.0.0.1:{port}")
+            await asyncio.gather(*workers)
+
+    _run(main())
 
 
 def _run(main: Any) -> None:
@@ -282,6 +329,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         progress(f"reference: a bare aiohttp client, {n} signed messages to the receiver")
         asyncio.run(bare_client(receiver, min(n, 2000), args.concurrency))  # warm-up
         results["bare_client_per_s"] = asyncio.run(bare_client(receiver, n, args.concurrency))
+        relay_args = ("--receiver", receiver, "--concurrency", str(args.concurrency))
+        with child("relay", directory, *relay_args) as (_, relay):
+            progress("floor: the same three exchanges with no state and no log")
+            asyncio.run(end_to_end(relay, receiver, min(n, 2000), args.concurrency, "warm"))
+            reset()
+            floor = asyncio.run(end_to_end(relay, receiver, n, args.concurrency, "floor"))
+            results["floor_per_s"] = floor["end_to_end_per_s"]
+            reset()
         states = {
             "embedded": {"backend": "embedded"},
             "redis": {"backend": "redis", "redis_url": redis.url},
@@ -307,7 +362,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def report(results: dict[str, Any]) -> None:
     bare = results["bare_client_per_s"]
-    rows = [["bare aiohttp client -> receiver", f"{bare:,.0f}", "", "", "", ""]]
+    floor = results["floor_per_s"]
+    rows = [
+        ["bare aiohttp client -> receiver", f"{bare:,.0f}", "", "1.00", "", ""],
+        [
+            "floor: 3 exchanges, no state, no log",
+            f"{floor:,.0f}",
+            "",
+            f"{floor / bare:.2f}",
+            "",
+            "",
+        ],
+    ]
     for name in ("embedded", "redis"):
         f = results[name]
         rows.append(
@@ -346,7 +412,10 @@ def report(results: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--role", choices=["receiver", "headwater-embedded", "headwater-redis"])
+    parser.add_argument(
+        "--role", choices=["receiver", "relay", "headwater-embedded", "headwater-redis"]
+    )
+    parser.add_argument("--receiver", default="")
     parser.add_argument("--port-file", type=Path)
     parser.add_argument("--config", type=Path)
     parser.add_argument("--quick", action="store_true")
@@ -357,6 +426,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.role == "receiver":
         receiver_main(args.port_file)
+        return
+    if args.role == "relay":
+        relay_main(args.receiver, args.port_file, args.concurrency)
         return
     if args.role is not None:
         headwater_main(args.config, args.port_file)
