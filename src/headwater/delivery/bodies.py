@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 TRIMMED = "_hw_trimmed"  # the marker: the JSON paths whose values were cut
@@ -23,6 +23,7 @@ _TS_DIGITS = 19  # nanoseconds since the epoch, as DataSet wants them
 class Event:
     data: bytes  # the event's JSON object
     ts_ns: int = 0  # its time (dataset's ts), 0: unknown
+    source: Any = field(default=None, compare=False)  # where it came from (the failed store's)
 
 
 class BodyFormat:
@@ -125,4 +126,4 @@ def _set(doc: Any, path: tuple[str, ...], value: str) -> None:
 def _with(event: Event, doc: dict[str, Any], cut: list[str]) -> Event:
     marked = {**doc, TRIMMED: ["/" + p for p in cut]} if cut else doc
     data = json.dumps(marked, separators=(",", ":"), ensure_ascii=False).encode()
-    return Event(data, event.ts_ns)
+    return replace(event, data=data)

@@ -78,15 +78,17 @@ class TaskDelivery:
         self.report = Report()
 
     async def run(
-        self, events: Iterable[tuple[str, Event]] | AsyncIterator[tuple[str, Event]]
+        self, events: Iterable[tuple[str, Event]] | AsyncIterator[Iterable[tuple[str, Event]]]
     ) -> Report:
-        """Deliver every ``(session key, event)``; raises what stopped the destination
-        (``DestinationRefused``) after the sessions in flight have ended."""
+        """Deliver every ``(session key, event)`` (or every one of each chunk an async iterator
+        gives); raises what stopped the destination (``DestinationRefused``) after the sessions
+        in flight have ended."""
         try:
             if isinstance(events, AsyncIterator):
-                async for key, event in events:
-                    if self._add(key, event):
-                        await self._wait()
+                async for chunk in events:
+                    for key, event in chunk:
+                        if self._add(key, event):
+                            await self._wait()
             else:
                 for key, event in events:
                     if self._add(key, event):

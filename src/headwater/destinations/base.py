@@ -38,7 +38,7 @@ Errors: ``TransientError`` subclasses for what a retry may fix (connection lost,
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -92,6 +92,8 @@ ORDER_COLUMN = "_hw_order"  # staged rows' order within the batch (see the modul
 
 ARCHIVE_EVENT = "event"  # an archive's rows: the event's JSON text ...
 ARCHIVE_TIMESTAMP = "_timestamp"  # ... and its receive time (see Destination.archives_events)
+SESSION_COLUMN = "_hw_session"  # a row's session key, when the source frame carries one
+RECORD_COLUMNS = ("key", "value", "headers", "topic", "partition", "offset")  # the record's own
 
 
 class DestinationError(TerminalError):
@@ -111,6 +113,10 @@ class Destination(ABC):
     # the event's JSON text after context enrichment, ``_timestamp``: its receive time), not
     # flattened and typed columns; ``table`` and ``ensure_table`` are then not called
     archives_events: bool = False
+    # True for destinations that send each task's rows on (``http``): the archive's rows also
+    # carry ``SESSION_COLUMN`` and the source record (``RECORD_COLUMNS``, for the failed store),
+    # and a task ends with ``finish_stage``
+    delivers: bool = False
 
     @abstractmethod
     def table(self, name: str) -> TableSchema | None:
@@ -132,6 +138,21 @@ class Destination(ABC):
         state is needed): put every table's rows (with ``ORDER_COLUMN``) in staging, under
         names no other call uses, and say where. Never touches a target table or the ledger."""
         raise NotImplementedError(f"{self.kind} destinations cannot stage rows in tasks")
+
+    def finish_stage(
+        self,
+        writer_id: str,
+        batch_id: int,
+        task: str,
+        on_failed: Callable[[list[tuple[dict[str, Any], str, str]]], None],
+        *,
+        abandon: bool = False,
+    ) -> list[StagedPart]:
+        """In a Spark task, after its last ``stage``: for a destination that ``delivers``, wait
+        until every row it was given is delivered or given up (``on_failed`` gets those as
+        ``(record, code, reason)``) and say what was sent; ``abandon``: the task failed, stop
+        sending. Nothing to do for the others."""
+        return []
 
     def commit_staged(
         self,

@@ -6,6 +6,7 @@ folder, and a SQL batch's transaction with its ledger row."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import uuid
@@ -221,3 +222,14 @@ def commit_with_ledger(
             session.rollback()
             raise
     return False  # unreachable
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically and durably."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)

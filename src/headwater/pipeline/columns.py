@@ -3,7 +3,8 @@
 Each Spark task turns its Arrow batches (the source's layout: ``key, value, topic, partition,
 offset, timestamp, timestampType, headers``) into the program's *input* relation:
 
-- ``value``, ``topic``, ``timestamp`` as the source gives them;
+- ``key``, ``value``, ``topic``, ``partition``, ``offset``, ``timestamp``, ``headers`` as the
+  source gives them, and ``_hw_session`` (a delivering destination's session key) or NULL;
 - ``_hw_row``: the row's position in the task's chunk (to find a failed row's source record);
 - ``_hw_utf8``: the value as text when it is valid UTF-8 (else NULL);
 - ``_hw_order``: the row's place in the batch (partition, then offset);
@@ -18,12 +19,13 @@ NULL), ``_hw_novel``, ``_hw_routed`` and ``_hw_json`` for novel rows (what the t
 
 from __future__ import annotations
 
-from headwater.destinations.base import ORDER_COLUMN
+from headwater.destinations.base import ORDER_COLUMN, SESSION_COLUMN
 
 INPUT = "hw_input"  # the relation the task registers with DuckDB
 ROW = "_hw_row"
 UTF8 = "_hw_utf8"
 ORDER = ORDER_COLUMN
+SESSION = SESSION_COLUMN  # the row's session key, when the source frame has one (else NULL)
 PROTO_JSON = "_hw_proto_json"
 PROTO_ERROR = "_hw_proto_error"
 JSON_TEXT = "_hw_json"  # the event as JSON text (decode)

@@ -16,6 +16,7 @@ DESTINATION_TYPES = (
     "postgres",
     "clickhouse",
     "files",
+    "http",
     "redshift",
     "snowflake",
     "bigquery",
@@ -100,7 +101,9 @@ class DestinationConfig(Section):
     )
     format: Literal["parquet", "jsonl.gz"] = Field("parquet", description="files: the format.")
     options: dict[str, Any] = Field(
-        default_factory=dict, description="Settings particular to the destination type."
+        default_factory=dict,
+        description="Settings particular to the destination type (http: url, format, group_by, "
+        "...; see docs/delivery.md).",
     )
 
     @field_validator("id")
@@ -134,6 +137,13 @@ class DestinationConfig(Section):
             raise ValueError("a postgres destination needs dsn")
         if self.type in ("redshift", "snowflake", "bigquery") and not self.dsn:
             raise ValueError(f"a {self.type} destination needs dsn")
+        if self.type == "http":
+            from headwater.delivery.config import HttpDeliveryConfig
+
+            try:
+                HttpDeliveryConfig.model_validate(self.options)
+            except ValueError as e:
+                raise ValueError(f"an http destination's options: {e}") from None
         return self
 
 

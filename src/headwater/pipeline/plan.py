@@ -27,7 +27,13 @@ from pathlib import Path as FilePath
 from typing import Any
 
 from headwater.destinations import Destination
-from headwater.destinations.base import ARCHIVE_EVENT, ARCHIVE_TIMESTAMP, TableSchema
+from headwater.destinations.base import (
+    ARCHIVE_EVENT,
+    ARCHIVE_TIMESTAMP,
+    RECORD_COLUMNS,
+    SESSION_COLUMN,
+    TableSchema,
+)
 from headwater.pipeline import shape as sh
 from headwater.pipeline import sql
 from headwater.pipeline.columns import (
@@ -51,6 +57,7 @@ from headwater.pipeline.steps.typing import ColumnPlan, column_value, plan_colum
 
 Path = sh.Path
 WRITE_STEP = "write"
+DELIVER_STEP = "deliver"  # a delivering destination gave the event up (the failed store)
 NULL_KEY = "HW-PIPE-402"
 _DERR = "_hw_derr"  # decode's error
 _ROUTE = "_hw_r"  # the table routing names
@@ -224,7 +231,8 @@ def _plan_tables(
     for routed in sorted(knowledge.tables):
         name = dialect.normalize(routed)
         if destination.archives_events:
-            cols = ((ARCHIVE_EVENT, "c_event"), (ARCHIVE_TIMESTAMP, "c_timestamp"))
+            names = (ARCHIVE_EVENT, ARCHIVE_TIMESTAMP, *_delivered(destination))
+            cols = tuple((n, f"c_{n.strip('_')}") for n in names)
             out[routed] = TablePlan(routed, TableSchema(name), (), cols)
             continue
         seen = knowledge.tables[routed]
@@ -302,6 +310,7 @@ def _outputs(tables: Mapping[str, TablePlan], fields: Fields, destination: Desti
     for tp in tables.values():
         if destination.archives_events:
             exprs = {ARCHIVE_EVENT: archive_json(fields), ARCHIVE_TIMESTAMP: _stamp(fields)}
+            exprs |= {n: sql.ident(n) for n in _delivered(destination)}
         else:
             exprs = {p.column.name: column_value(p) for p in tp.plans}
         for column, output in tp.columns:
@@ -312,6 +321,12 @@ def _outputs(tables: Mapping[str, TablePlan], fields: Fields, destination: Desti
         value = branches[0][1] if len(tables) == 1 else sql.case(branches)
         out.append(f"{value} AS {sql.ident(output)}")
     return ", ".join(out)
+
+
+def _delivered(destination: Destination) -> tuple[str, ...]:
+    """The input columns an archive's rows carry too: a delivering destination's tasks need
+    each row's session and, for the failed store, its record."""
+    return (SESSION_COLUMN, *RECORD_COLUMNS) if destination.delivers else ()
 
 
 def _stamp(fields: Fields) -> str:

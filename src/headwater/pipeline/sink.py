@@ -175,8 +175,9 @@ class SinkWriter(_Writer):  # type: ignore[misc,valid-type]
 
     def _write(self, iterator: Iterator[pa.RecordBatch]) -> StagedMessage:
         from headwater.config.model import HeadwaterConfig
-        from headwater.pipeline.failed import FailedStore
-        from headwater.pipeline.task import TaskRun
+        from headwater.pipeline.failed import FailedStore, now_iso
+        from headwater.pipeline.plan import DELIVER_STEP
+        from headwater.pipeline.task import TaskRun, failed_event
 
         opts = self.options
         staged: list[StagedPart] = []
@@ -202,12 +203,26 @@ class SinkWriter(_Writer):  # type: ignore[misc,valid-type]
             chunk_rows=opts.chunk_rows,
             failure=opts.failure,
         )
+
+        def given_up(events: list[tuple[dict[str, Any], str, str]]) -> None:
+            at = now_iso()
+            fail(
+                [
+                    failed_event(opts.destination, record, DELIVER_STEP, code, reason, at)
+                    for record, code, reason in events
+                ]
+            )
+
         try:
             summary = run.run(records(iterator, opts.config_json))
+            if dest is not None:
+                staged += dest.finish_stage(opts.destination, opts.batch_id, task, given_up)
         except BaseException:
-            if dest is not None and staged:
+            if dest is not None:
                 with contextlib.suppress(Exception):  # the failure below is the one to report
-                    dest.discard_staged(opts.destination, opts.batch_id, staged)
+                    dest.finish_stage(opts.destination, opts.batch_id, task, given_up, abandon=True)
+                    if staged:
+                        dest.discard_staged(opts.destination, opts.batch_id, staged)
             raise
         return StagedMessage([p.to_json() for p in staged], summary.to_json())
 

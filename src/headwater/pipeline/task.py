@@ -43,6 +43,7 @@ from headwater.pipeline.columns import (
     PROTO_JSON,
     ROUTED,
     ROW,
+    SESSION,
     TABLE,
     UTF8,
     header,
@@ -150,6 +151,11 @@ def input_table(source: pa.Table, program: Program, first: int = 0) -> pa.Table:
         "partition": source.column("partition"),
         "offset": source.column("offset"),
         "timestamp": source.column("timestamp"),
+        "key": source.column("key"),
+        "headers": source.column("headers"),
+        SESSION: source.column(SESSION)
+        if SESSION in source.column_names
+        else pa.nulls(n, pa.string()),
         UTF8: pa.chunked_array(texts, pa.string()),
     }
     for name in program.headers:

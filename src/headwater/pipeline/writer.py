@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from headwater.config.model import HeadwaterConfig
+from headwater.delivery.destination import HttpDestination
+from headwater.delivery.frame import session_frame
 from headwater.destinations import Destination, open_destination
 from headwater.errors import TransientError
 from headwater.pipeline.config import DestinationConfig
@@ -108,6 +110,8 @@ class DestinationWriter:
             return
         with stats.phase("plan"):
             df, ranges = sink.task_frame(df)
+            if ranges != [] and isinstance(destination, HttpDestination):
+                df = session_frame(df, ranges, self.config, destination.settings.group_by)
         if ranges == []:  # nothing in the batch: record it, no job
             destination.commit_staged(self.dest.id, batch_id, [], {})
             self._done(stats)

@@ -73,19 +73,18 @@ def running_batch_receiver(
         try:
             raw = await request.read()  # aiohttp has undone a gzip Content-Encoding already
             body = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
-            probe = Batch(
-                session, request.headers.get(IDEMPOTENCY_HEADER, ""), [], len(body), started, 0
-            )
+            events = decode_events(body, request.headers.get("content-type", ""))
+            key = request.headers.get(IDEMPOTENCY_HEADER, "")
+            probe = Batch(session, key, events, len(body), started, 0)
             with lock:
                 count = len(receiver.requests)
             if max_body_bytes is not None and len(body) > max_body_bytes:
                 reply = Reply(413, b"too large")
             else:
                 reply = script(count, probe) if script else Reply(200, b"{}")
-            events = decode_events(body, request.headers.get("content-type", ""))
             with lock:
                 receiver.requests.append(
-                    Batch(session, probe.key, events, len(body), started, reply.status)
+                    Batch(session, key, events, len(body), started, reply.status)
                 )
             return await answer(request, reply)
         finally:

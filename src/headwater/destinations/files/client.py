@@ -46,6 +46,7 @@ from headwater.destinations.batches import (
     part_name,
     remove_files,
     remove_writer_staging,
+    replace_file,
     stage_parquet,
     staged_paths,
     utc_timestamps,
@@ -85,17 +86,6 @@ def _classified() -> Iterator[None]:
         raise classify(exc) from exc
 
 
-def _replace(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically and durably."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-
-
 class FilesDestination(Destination):
     kind = "files"
 
@@ -127,7 +117,7 @@ class FilesDestination(Destination):
         for c in schema.missing_from(have):
             cols[c.name] = c.type.value
         with _classified():
-            _replace(self.root / schema.name / SCHEMA_FILE, json.dumps(cols).encode())
+            replace_file(self.root / schema.name / SCHEMA_FILE, json.dumps(cols).encode())
         after = self.table(schema.name)
         assert after is not None
         return after
@@ -150,7 +140,7 @@ class FilesDestination(Destination):
                     self._parquet(self.root / name / f"{stem}.parquet", rows)
                 else:
                     self._jsonl(self.root / name, stem, rows)
-            _replace(self.root / LEDGER / writer_id, str(batch_id).encode())
+            replace_file(self.root / LEDGER / writer_id, str(batch_id).encode())
         return True
 
     @staticmethod
@@ -204,7 +194,7 @@ class FilesDestination(Destination):
                 final = self.root / rel.parent / f"{writer_id}-{batch_id:012d}-{rel.name}"
                 moves.append((part.ref, str(final)))
             intent = {"batch_id": batch_id, "moves": moves}
-            _replace(self._intent(writer_id), json.dumps(intent).encode())
+            replace_file(self._intent(writer_id), json.dumps(intent).encode())
             self._recover(writer_id)
             remove_files(parts)  # the folders they leave empty
         return True
@@ -227,7 +217,7 @@ class FilesDestination(Destination):
                         os.fsync(f.fileno())
                     Path(dst).parent.mkdir(parents=True, exist_ok=True)
                     os.replace(src, dst)
-            _replace(self.root / LEDGER / writer_id, str(intent["batch_id"]).encode())
+            replace_file(self.root / LEDGER / writer_id, str(intent["batch_id"]).encode())
         path.unlink()
 
     def discard_staged(self, writer_id: str, batch_id: int, parts: Sequence[StagedPart]) -> None:
@@ -258,7 +248,7 @@ class FilesDestination(Destination):
         written = []
         for day, lines in days.items():
             data = gzip.compress(b"\n".join(lines) + b"\n", mtime=0)
-            _replace(folder / day / f"{stem}.jsonl.gz", data)
+            replace_file(folder / day / f"{stem}.jsonl.gz", data)
             written.append((folder / day / f"{stem}.jsonl.gz", len(lines)))
         return written
 

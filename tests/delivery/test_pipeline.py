@@ -1,0 +1,183 @@
+"""The ``http`` destination through the pipeline (Spark ``local[2]``, the embedded log, a real
+receiver): events after the steps reach the receiver as nested JSON, grouped into sessions by
+``group_by`` with each session in one task, in log order and one request in flight; a batch is
+recorded once delivered, so another run sends nothing; 413 splits, oversize events trimmed,
+terminal 4xx and given-up batches to the failed store and replayed from it; 401 stops the
+destination with HW-DLV-001."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from headwater.bus import Message, open_bus
+from headwater.bus import context as ctx
+from headwater.config.loader import load_config
+from headwater.delivery.bodies import TRIMMED
+from headwater.ops.cli import cli
+from headwater.pipeline.runner import Pipeline
+from headwater.testing.http_receiver import Batch, BatchReceiver, running_batch_receiver
+from headwater.testing.webhooks import Reply
+
+TOPIC = "events-track"
+FAST_RETRY = {"initial_s": 0.05, "max_interval_s": 0.2, "max_elapsed_s": 3.0}
+
+
+def write_config(path: Path, receiver: BatchReceiver, **options: Any) -> Path:
+    destination = {
+        "id": "api",
+        "type": "http",
+        "table_name_template": "{{ $type }}",
+        "mapping": {"fields": [{"action": "remove", "src": "/secret"}]},
+        "options": {"url": receiver.url, "retry": FAST_RETRY, "timeout_s": 5, **options},
+    }
+    document = {
+        "data_dir": str(path.parent / "data"),
+        "bus": {"embedded": {"durability": "never"}},
+        "pipeline": {"destinations": [destination]},
+    }
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def append(config_path: Path, values: list[dict[str, Any]], first: int = 0) -> None:
+    with open_bus(load_config(config_path)) as bus:
+        bus.create_topic(TOPIC, 2)
+        messages = [
+            Message(
+                json.dumps(v).encode(),
+                key=str(v.get("user", i)).encode(),
+                headers=(
+                    (ctx.TYPE, b"track"),
+                    (ctx.CONTENT_TYPE, b"application/json"),
+                    (ctx.EVENT_ID, f"ev-{first + i}".encode()),
+                    (ctx.RECEIVED_AT, b"2024-05-01T12:00:00.000Z"),
+                ),
+            )
+            for i, v in enumerate(values)
+        ]
+        bus.append(TOPIC, messages).result()
+        bus.flush()
+
+
+def run_pipeline(spark: Any, config_path: Path) -> Pipeline:
+    pipeline = Pipeline(load_config(config_path), spark)
+    try:
+        pipeline.run_once()
+    finally:
+        pipeline.stop()
+    return pipeline
+
+
+def cli_json(config_path: Path, *args: str) -> list[dict[str, Any]]:
+    result = CliRunner().invoke(cli, ["--config", str(config_path), *args, "--format", "json"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    return [json.loads(line) for line in result.output.splitlines()]
+
+
+def per_session(batches: list[Batch]) -> dict[str, list[int]]:
+    seen: dict[str, list[int]] = defaultdict(list)
+    for b in sorted(batches, key=lambda b: b.started):
+        seen[b.session] += [e["n"] for e in b.events]
+    return seen
+
+
+def test_sessions_by_group_by_in_log_order_one_in_flight_and_once(
+    spark: Any, tmp_path: Path
+) -> None:
+    with running_batch_receiver() as receiver:
+        config_path = write_config(
+            tmp_path / "headwater.yaml", receiver, group_by=["/user"], max_batch_bytes=4_000
+        )
+        values = [
+            {"n": n, "user": f"u{n % 20}", "secret": "s", "page": {"url": f"/p/{n}"}}
+            for n in range(3_000)
+        ]
+        append(config_path, values)
+        pipeline = run_pipeline(spark, config_path)
+        assert pipeline.queries[0].writer.failed_events == 0
+
+        delivered = receiver.delivered()
+        assert receiver.overlaps == []
+        got = [e for b in delivered for e in b.events]
+        assert sorted(e["n"] for e in got) == list(range(3_000))
+        sample = next(e for e in got if e["n"] == 7)
+        assert sample["page"] == {"url": "/p/7"} and sample["user"] == "u7"
+        assert "secret" not in sample  # the mapping ran before delivery
+        sessions = per_session(delivered)
+        assert len(sessions) == 20
+        for ns in sessions.values():  # one user per session, in the log's order
+            assert len({n % 20 for n in ns}) == 1
+            assert ns == sorted(ns)
+        keys = [b.key for b in delivered]
+        assert len(keys) == len(set(keys)) and all(k.startswith("api:0:") for k in keys)
+
+        again = run_pipeline(spark, config_path)  # recorded: nothing is sent twice
+        assert len(receiver.requests) == len(delivered)
+        assert again.queries[0].writer.written == 0
+
+
+def test_without_group_by_each_task_is_one_session(spark: Any, tmp_path: Path) -> None:
+    with running_batch_receiver() as receiver:
+        config_path = write_config(tmp_path / "headwater.yaml", receiver, format="dataset")
+        append(config_path, [{"n": n} for n in range(500)])
+        run_pipeline(spark, config_path)
+        delivered = receiver.delivered()
+        assert sorted(e["n"] for b in delivered for e in b.events) == list(range(500))
+        assert receiver.overlaps == []
+        assert 1 <= len({b.session for b in delivered}) <= 2  # the log's two partitions
+
+
+def test_413_splits_oversize_is_trimmed_and_4xx_goes_to_the_failed_store_for_replay(
+    spark: Any, tmp_path: Path
+) -> None:
+    refuse = {"on": True}
+
+    def script(count: int, batch: Batch) -> Reply:
+        if len(batch.events) > 5:
+            return Reply(413, b"too many")
+        if refuse["on"] and any(e.get("bad") for e in batch.events):
+            return Reply(422, b"bad event")
+        return Reply(200, b"{}")
+
+    with running_batch_receiver(script) as receiver:
+        config_path = write_config(
+            tmp_path / "headwater.yaml", receiver, group_by=["/user"], max_batch_bytes=10_000
+        )
+        values: list[dict[str, Any]] = [{"n": n, "user": "a", "pad": "x" * 200} for n in range(40)]
+        values.append({"n": 40, "user": "b", "long": "y" * 20_000})  # larger than any batch
+        values.append({"n": 41, "user": "c", "bad": True})
+        append(config_path, values)
+        pipeline = run_pipeline(spark, config_path)
+
+        delivered = receiver.delivered()
+        got = {e["n"]: e for b in delivered for e in b.events}
+        assert sorted(got) == list(range(41))
+        assert any(b.status == 413 for b in receiver.requests)  # split until they fit
+        assert all(len(b.events) <= 5 for b in delivered)
+        assert got[40][TRIMMED] == ["/long"] and len(got[40]["long"]) < 20_000
+        assert pipeline.queries[0].writer.failed_events == 0  # counted by the tasks' store
+        failed = cli_json(config_path, "failed", "list", "--destination", "api")
+        assert [(f["step"], f["code"]) for f in failed] == [("deliver", "HW-DLV-002")]
+        assert "422" in failed[0]["reason"]
+
+        refuse["on"] = False
+        assert cli_json(config_path, "failed", "replay", "--destination", "api") == [
+            {"replayed": {"api": 1}}
+        ]
+        run_pipeline(spark, config_path)
+        assert [e["n"] for e in receiver.delivered()[-1].events] == [41]
+
+
+def test_401_stops_the_destination(spark: Any, tmp_path: Path) -> None:
+    with running_batch_receiver(lambda count, batch: Reply(401, b"who are you")) as receiver:
+        config_path = write_config(tmp_path / "headwater.yaml", receiver)
+        append(config_path, [{"n": n} for n in range(10)])
+        with pytest.raises(Exception, match=r"HW-DLV-001|refused the destination.s credentials"):
+            run_pipeline(spark, config_path)
