@@ -1,27 +1,36 @@
-"""Sessions on the driver: a micro-batch of an ``http`` destination with ``group_by`` is
-partitioned by session key, so that each session is in exactly one Spark task (which then keeps
-at most one request of it in flight, seed D1), and sorted back into log order within each task.
+"""Sessions: a micro-batch of an ``http`` destination with ``group_by`` is partitioned by
+session key, so that each session is in exactly one Spark task (which then keeps at most one
+request of it in flight, seed D1), in log order within each task. Without ``group_by`` nothing
+moves and each task is one session.
 
-The key is read from the record as it came in (``get_json_object`` over the value for each
-``group_by`` path, a missing value counting as empty), before any step: it decides only which
-task a record goes to and which session it is sent in. When the source gives ranges of records
-(the embedded log), the records are read first (``mapInArrow``), since they must move between
-tasks; without ``group_by`` nothing moves and each task is one session.
+The key is read from the record as it came in, before any step (each ``group_by`` path's value
+as JSON text, a missing value counting as empty, joined by ``KEY_SEPARATOR``): it decides only
+which task a record goes to and which session it is sent in. Two ways, by what the source
+gives:
+
+- **Ranges of records** (the embedded log, on one machine): no record moves. The batch becomes
+  ``defaultParallelism`` buckets; each bucket's task reads every range and keeps the records
+  whose key hashes to its bucket (``bucket_records``, DuckDB over the Arrow batches). Every task
+  reads the whole batch, which costs less than moving it: a local read is cheaper than passing
+  the records through the JVM and Spark's shuffle (measured in ``docs/benchmarks.md``), and the
+  embedded log's tasks are a single machine's cores.
+- **Records** (Spark's Kafka connector, already in the JVM): ``get_json_object`` per path and
+  Spark's ``repartition`` by the key, then ``sortWithinPartitions`` by topic, partition, offset.
 """
 
 from __future__ import annotations
 
-from functools import partial
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from headwater.bus.layout import SCHEMA_DDL
 from headwater.destinations.base import SESSION_COLUMN
 from headwater.pipeline.columns import pointer_parts
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import Column, DataFrame
-
-    from headwater.config.model import HeadwaterConfig
 
 KEY_SEPARATOR = "\x1f"
 
@@ -47,22 +56,71 @@ def session_key(group_by: list[str]) -> Column:
 
 
 def session_frame(
-    frame: DataFrame,
-    ranges: list[dict[str, Any]] | None,
-    config: HeadwaterConfig,
-    group_by: list[str],
+    frame: DataFrame, ranges: list[dict[str, Any]] | None, group_by: list[str]
 ) -> DataFrame:
-    """``frame`` (records, or ranges of records when ``ranges`` is not None) with each
-    record's ``_hw_session``, partitioned by it, in log order within each partition."""
+    """The sink's frame for ``frame`` (records, or ranges of records when ``ranges`` is not
+    None) with each session in one task, in log order."""
     if not group_by:
         return frame
-    from headwater.pipeline.sink import records
-
-    if ranges is not None:
-        frame = frame.mapInArrow(partial(records, config_json=config.model_dump_json()), SCHEMA_DDL)
     tasks = frame.sparkSession.sparkContext.defaultParallelism
+    if ranges is not None:
+        from headwater.pipeline.sink import ranges_frame
+
+        return ranges_frame(frame.sparkSession, ranges, Buckets(tasks, group_by))
     return (
         frame.withColumn(SESSION_COLUMN, session_key(group_by))
         .repartition(tasks, SESSION_COLUMN)
         .sortWithinPartitions("topic", "partition", "offset")
     )
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """A batch's records split by session key into ``count`` tasks (ranges of records)."""
+
+    count: int
+    group_by: list[str]
+
+    def to_json(self) -> str:
+        return json.dumps({"count": self.count, "group_by": self.group_by})
+
+    @classmethod
+    def from_json(cls, text: str) -> Buckets:
+        data = json.loads(text)
+        return cls(int(data["count"]), [str(p) for p in data["group_by"]])
+
+
+def bucket_records(
+    batches: Iterable[pa.RecordBatch], buckets: Buckets, bucket: int
+) -> Iterator[pa.RecordBatch]:
+    """The records of ``batches`` whose session key falls in ``bucket``, with the key as
+    ``_hw_session`` (DuckDB reads each path from the value as JSON; a value that is not JSON
+    text has the empty key)."""
+    import duckdb
+    import pyarrow as pa
+
+    from headwater.pipeline.sql import lit
+    from headwater.pipeline.task import utf8_or_null
+
+    parts = [
+        f"coalesce(try(json_extract_string(text, {lit('/' + '/'.join(pointer_parts(p)))})), '')"
+        for p in buckets.group_by
+    ]
+    key = parts[0] if len(parts) == 1 else f"concat_ws({lit(KEY_SEPARATOR)}, {', '.join(parts)})"
+    query = f"SELECT {key} AS k, hash(k) % {buckets.count} = {bucket} AS mine FROM keys"
+    con = duckdb.connect()
+    con.execute("SET threads = 1")  # a task per core
+    try:
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            keys = pa.table({"text": utf8_or_null(batch.column("value"))})
+            con.register("keys", keys)
+            out = con.sql(query).to_arrow_table()
+            mine = out.column("mine").combine_chunks()
+            chosen = pa.Table.from_batches([batch]).filter(mine)
+            if chosen.num_rows:
+                session = out.column("k").filter(mine)
+                yield from chosen.append_column(SESSION_COLUMN, session).to_batches()
+    finally:
+        con.close()

@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # the rest is imported where it is used: the processes in whi
     from pyspark.sql.types import StructType
 
     from headwater.config.model import HeadwaterConfig
+    from headwater.delivery.frame import Buckets
     from headwater.destinations import Destination
     from headwater.destinations.base import StagedPart
     from headwater.pipeline.config import DestinationConfig
@@ -63,6 +64,7 @@ log = logging.getLogger(__name__)
 SINK_NAME = "headwater_sink"
 WARM_OPTION = "warm"  # set: the writer does nothing (see WarmWriter)
 MAIN_BUS, FAILED_BUS = "main", "failed"  # the buses ranges of records are on
+BUCKET, BUCKETS = "bucket", "buckets"  # a range row's bucket (see headwater.delivery.frame)
 
 _destinations: dict[tuple[str, str], Destination] = {}
 _destinations_lock = threading.Lock()
@@ -253,15 +255,23 @@ class SinkWriter(_Writer):  # type: ignore[misc,valid-type]
 def task_frame(df: DataFrame) -> tuple[DataFrame, list[dict[str, Any]] | None]:
     """The frame the sink's job runs over, and the batch's ranges of records when the source
     gave ranges (else None: the frame is the records). Ranges are collected (a row each) and
-    laid out again in Spark's JVM, one partition per range: the job's tasks then need no
-    Python worker to read them, only the sink's, which reads the records itself."""
+    laid out again in Spark's JVM (``ranges_frame``): the job's tasks then need no Python worker
+    to read them, only the sink's, which reads the records itself."""
     if "start" not in df.columns:
         return df, None
-    from pyspark.sql import functions as F
-
     ranges = [r.asDict() for r in df.collect()]
     if not ranges:
         return df, ranges
+    return ranges_frame(df.sparkSession, ranges), ranges
+
+
+def ranges_frame(
+    spark: SparkSession, ranges: list[dict[str, Any]], buckets: Buckets | None = None
+) -> DataFrame:
+    """One partition per range; with ``buckets``, one partition per bucket instead, each with
+    every range and its bucket's number (``records`` keeps the bucket's records only)."""
+    from pyspark.sql import functions as F
+
     table = F.array(
         *[
             F.struct(
@@ -274,8 +284,16 @@ def task_frame(df: DataFrame) -> tuple[DataFrame, list[dict[str, Any]] | None]:
             for r in ranges
         ]
     )
-    ids = df.sparkSession.range(0, len(ranges), 1, len(ranges))
-    return ids.select(F.get(table, F.col("id").cast("int")).alias("r")).select("r.*"), ranges
+    n = len(ranges)
+    if buckets is None:
+        ids = spark.range(0, n, 1, n)
+        return ids.select(F.get(table, F.col("id").cast("int")).alias("r")).select("r.*")
+    ids = spark.range(0, n * buckets.count, 1, buckets.count)  # partition i: ids i*n .. i*n+n-1
+    return ids.select(
+        F.get(table, (F.col("id") % n).cast("int")).alias("r"),
+        (F.col("id") / n).cast("int").alias(BUCKET),
+        F.lit(buckets.to_json()).alias(BUCKETS),
+    ).select("r.*", BUCKET, BUCKETS)
 
 
 def records(batches: Iterator[pa.RecordBatch], config_json: str) -> Iterator[pa.RecordBatch]:
@@ -288,7 +306,13 @@ def records(batches: Iterator[pa.RecordBatch], config_json: str) -> Iterator[pa.
             yield batch
             continue
         for row in batch.to_pylist():
-            yield from buses.read(row)
+            if BUCKET in row:
+                from headwater.delivery.frame import Buckets, bucket_records
+
+                buckets = Buckets.from_json(row[BUCKETS])
+                yield from bucket_records(buses.read(row), buckets, row[BUCKET])
+            else:
+                yield from buses.read(row)
 
 
 class Buses:

@@ -111,7 +111,7 @@ class DestinationWriter:
         with stats.phase("plan"):
             df, ranges = sink.task_frame(df)
             if ranges != [] and isinstance(destination, HttpDestination):
-                df = session_frame(df, ranges, self.config, destination.settings.group_by)
+                df = session_frame(df, ranges, destination.settings.group_by)
         if ranges == []:  # nothing in the batch: record it, no job
             destination.commit_staged(self.dest.id, batch_id, [], {})
             self._done(stats)
