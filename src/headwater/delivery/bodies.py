@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 TRIMMED = "_hw_trimmed"  # the marker: the JSON paths whose values were cut
 _TS_DIGITS = 19  # nanoseconds since the epoch, as DataSet wants them
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
+    """One event to deliver (a tuple: a task makes one per event, so it must be cheap)."""
+
     data: bytes  # the event's JSON object
     ts_ns: int = 0  # its time (dataset's ts), 0: unknown
-    source: Any = field(default=None, compare=False)  # where it came from (the failed store's)
+    source: Any = None  # where it came from (for the failed store)
 
 
 class BodyFormat:
@@ -126,4 +126,4 @@ def _set(doc: Any, path: tuple[str, ...], value: str) -> None:
 def _with(event: Event, doc: dict[str, Any], cut: list[str]) -> Event:
     marked = {**doc, TRIMMED: ["/" + p for p in cut]} if cut else doc
     data = json.dumps(marked, separators=(",", ":"), ensure_ascii=False).encode()
-    return replace(event, data=data)
+    return event._replace(data=data)

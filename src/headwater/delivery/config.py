@@ -55,6 +55,12 @@ class HttpDeliveryConfig(Section):
     max_batch_bytes: int = Field(
         6_000_000, gt=0, description="Largest request body before compression."
     )
+    max_pending_bytes: int = Field(
+        64_000_000,
+        gt=0,
+        description="Bytes of batches a task may hold waiting or in flight (at least two "
+        "batches' worth) before it stops reading its input: the events wait on the log.",
+    )
     max_lifetime_s: float = Field(5.0, gt=0, description="Oldest a buffer gets before sending.")
     max_parallel_sessions: int = Field(64, gt=0, description="Sessions sending at once, per task.")
     timeout_s: float = Field(30.0, gt=0, description="How long one request may take.")

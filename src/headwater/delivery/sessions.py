@@ -69,7 +69,7 @@ class TaskDelivery:
         self.destination = destination
         self.batch_id = batch_id
         limit = self.config.max_batch_bytes
-        self.max_pending_bytes = max_pending_bytes or 4 * limit
+        self.max_pending_bytes = max(max_pending_bytes or self.config.max_pending_bytes, 2 * limit)
         self._sessions: dict[str, _Session] = {}
         self._slots = asyncio.Semaphore(self.config.max_parallel_sessions)
         self._pending_bytes = 0

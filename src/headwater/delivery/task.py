@@ -46,7 +46,7 @@ Items = list[tuple[str, Event]]
 def items(rows: pa.Table, default_key: str) -> Items:
     """The ``(session key, event)`` pairs of a chunk of archive rows, in order; each event
     remembers its row (``Event.source``) for the failed store."""
-    texts = rows.column(ARCHIVE_EVENT).to_pylist()
+    texts = rows.column(ARCHIVE_EVENT).cast(pa.binary()).to_pylist()  # bytes, no str between
     stamps = rows.column(ARCHIVE_TIMESTAMP)
     factor = _NANOS.get(getattr(stamps.type, "unit", "us"), 1_000)
     nanos = pc.multiply(stamps.cast(pa.int64()), factor).to_pylist()
@@ -56,7 +56,7 @@ def items(rows: pa.Table, default_key: str) -> Items:
         else [None] * rows.num_rows
     )
     return [
-        (default_key if key is None else key, Event(text.encode(), ns or 0, (rows, i)))
+        (default_key if key is None else key, Event(text, ns or 0, (rows, i)))
         for i, (text, ns, key) in enumerate(zip(texts, nanos, keys, strict=True))
     ]
 
@@ -85,7 +85,7 @@ class TaskSender:
         self.default_key = default_key
         self.report: Report | None = None
         self.error: BaseException | None = None
-        self._chunks: queue.Queue[Items | None] = queue.Queue(maxsize=_QUEUED_CHUNKS)
+        self._chunks: queue.Queue[pa.Table | None] = queue.Queue(maxsize=_QUEUED_CHUNKS)
         self._stopped = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main: asyncio.Task[None] | None = None
@@ -96,8 +96,9 @@ class TaskSender:
 
     def add(self, rows: pa.Table) -> None:
         """Hand a chunk of rows over; blocks while the delivery is behind; raises what stopped
-        the delivery (``DestinationRefused``)."""
-        self._put(items(rows, self.default_key))
+        the delivery (``DestinationRefused``). The rows become events on the delivery's
+        thread, while the task's thread goes on with its query (which runs without the GIL)."""
+        self._put(rows)
 
     def finish(self) -> Report:
         """Wait until every event is delivered or given up."""
@@ -121,7 +122,7 @@ class TaskSender:
                 self._chunks.put_nowait(None)
             self._thread.join(_PUT_WAIT_S)
 
-    def _put(self, chunk: Items | None) -> None:
+    def _put(self, chunk: pa.Table | None) -> None:
         while True:
             if self.error is not None:
                 raise self.error
@@ -150,7 +151,7 @@ class TaskSender:
             chunk = await asyncio.to_thread(self._chunks.get)
             if chunk is None:
                 return
-            yield chunk
+            yield items(chunk, self.default_key)
 
 
 def given_up(report: Report) -> list[tuple[list[Event], str, str]]:
