@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from headwater.testing.proc_tree import rss, tree_pids
+
 if TYPE_CHECKING:
     from headwater.testing.kafka import KafkaCluster
 
@@ -547,7 +549,7 @@ class TreeRss:
 
     def _sample(self) -> None:
         pids = tree_pids(self._root, self._exclude)
-        sizes = [(pid, _rss(pid)) for pid in pids]
+        sizes = [(pid, rss(pid)) for pid in pids]
         total = sum(size for _, size in sizes)
         if total > self.peak:
             self.peak = total
@@ -573,41 +575,10 @@ def process_name(pid: int) -> str:
     return " ".join(os.path.basename(a) for a in argv[:2])
 
 
-def tree_pids(root: int, exclude: Collection[int] = ()) -> list[int]:
-    """``root`` and every process descended from it, from /proc, but for ``exclude`` and
-    their descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        if pid in exclude:
-            continue
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
 def peak_rss(pid: int) -> int | None:
     """The highest RSS ``pid`` has had so far (``VmHWM``), in bytes; None when it is gone."""
     found = _first_line_with(f"/proc/{pid}/status", "VmHWM")
     return int(found.split()[0]) * 1024 if found else None
-
-
-def _rss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 def _pss(pid: int) -> int:
@@ -619,9 +590,3 @@ def _pss(pid: int) -> int:
     except (OSError, IndexError, ValueError):
         pass
     return 0
-
-
-def tree_rss(root: int) -> int:
-    """Bytes resident in ``root`` and every process descended from it (pages shared between
-    them counted in each)."""
-    return sum(_rss(pid) for pid in tree_pids(root))
