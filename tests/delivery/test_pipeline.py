@@ -181,3 +181,20 @@ def test_401_stops_the_destination(spark: Any, tmp_path: Path) -> None:
         append(config_path, [{"n": n} for n in range(10)])
         with pytest.raises(Exception, match=r"HW-DLV-001|refused the destination.s credentials"):
             run_pipeline(spark, config_path)
+
+
+def test_events_with_fields_never_seen_are_sent_once_and_whole(spark: Any, tmp_path: Path) -> None:
+    """A batch whose events hold what the destination has not learned yet is planned again
+    (as for every destination); what the first plan already sent is not sent again, and the
+    new events are sent with their new fields."""
+    with running_batch_receiver() as receiver:
+        config_path = write_config(tmp_path / "headwater.yaml", receiver, group_by=["/user"])
+        values: list[dict[str, Any]] = [{"n": n, "user": f"u{n % 3}"} for n in range(6_000)]
+        for v in values[4_000:]:
+            v["extra"] = {"k": v["n"], "tags": ["a"]}
+        append(config_path, values)
+        run_pipeline(spark, config_path)
+        got = [e for b in receiver.delivered() for e in b.events]
+        assert sorted(e["n"] for e in got) == list(range(6_000))  # each once
+        assert all(e["extra"] == {"k": e["n"], "tags": ["a"]} for e in got if e["n"] >= 4_000)
+        assert receiver.overlaps == []

@@ -19,7 +19,9 @@ Nothing staged here is visible before the caller commits it (``Destination.commi
 Options: ``config`` (``HeadwaterConfig`` as JSON), ``destination`` (its id, also the ledger's
 writer id), ``batch_id``, ``program`` (``Program`` as JSON), ``manifest`` (a path on the
 driver's machine), ``mode`` (``task.MODES``), and for ``fail_all`` the ``failure`` (JSON
-``[step, code, reason]``); optionally ``chunkRows`` (rows per query and per staged part).
+``[step, code, reason]``); optionally ``chunkRows`` (rows per query and per staged part), and
+for destinations that deliver, ``holdNovel`` and ``only`` (``Positions`` as JSON: see
+``TaskRun``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, WriterCommitMessage
 
+from headwater.pipeline.positions import Positions
 from headwater.pipeline.program import CHUNK_ROWS, MODES, WRITE, Program
 
 try:  # PySpark 4.0+ hands Arrow batches to an Arrow writer
@@ -116,6 +119,8 @@ class SinkOptions:
     mode: str
     failure: tuple[str, str, str] | None
     chunk_rows: int
+    hold_novel: bool = False
+    only: Positions | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -136,6 +141,8 @@ class SinkOptions:
             mode=mode,
             failure=tuple(failure) if failure else None,  # type: ignore[arg-type]
             chunk_rows=int(options.get("chunkRows", CHUNK_ROWS)),
+            hold_novel=options.get("holdNovel") == "true",
+            only=Positions.from_json(json.loads(options["only"])) if "only" in options else None,
         )
 
 
@@ -204,6 +211,8 @@ class SinkWriter(_Writer):  # type: ignore[misc,valid-type]
             on_failed=fail,
             chunk_rows=opts.chunk_rows,
             failure=opts.failure,
+            hold_novel=opts.hold_novel,
+            only=opts.only,
         )
 
         def given_up(events: list[tuple[dict[str, Any], str, str]]) -> None:
@@ -381,6 +390,8 @@ def run(
     mode: str = WRITE,
     failure: tuple[str, str, str] | None = None,
     chunk_rows: int | None = None,
+    hold_novel: bool = False,
+    only: Positions | None = None,
 ) -> SinkResult:
     """Run ``program`` over ``frame`` (the source's rows) in the executors: one Spark job.
     Returns the staged parts (``mode`` write) and the tasks' summaries merged. Raises what the
@@ -408,6 +419,10 @@ def run(
             writer = writer.option("failure", json.dumps(list(failure)))
         if chunk_rows is not None:
             writer = writer.option("chunkRows", str(chunk_rows))
+        if hold_novel:
+            writer = writer.option("holdNovel", "true")
+        if only is not None:
+            writer = writer.option("only", json.dumps(only.to_json()))
         try:
             writer.save()
         except BaseException:

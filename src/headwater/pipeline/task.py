@@ -49,6 +49,7 @@ from headwater.pipeline.columns import (
     header,
 )
 from headwater.pipeline.failed import FailedEvent, make_id, now_iso
+from headwater.pipeline.positions import Positions
 from headwater.pipeline.program import (
     CHUNK_ROWS,
     FAIL_ALL,
@@ -75,6 +76,7 @@ class Summary:
     leaves: dict[str, dict[sh.Path, sh.Leaf]] = field(default_factory=dict)  # routed -> leaves
     seen: dict[str, set[sh.Path]] = field(default_factory=dict)  # routed -> fields with values
     seconds: dict[str, float] = field(default_factory=dict)  # task time per phase, summed
+    held: Positions = field(default_factory=Positions)  # novel rows held back (hold_novel)
 
     def phase(self, name: str) -> AbstractContextManager[None]:
         return timed(self.seconds, name)
@@ -95,6 +97,7 @@ class Summary:
             self.seen.setdefault(routed, set()).update(paths)
         for name, seconds in other.seconds.items():
             self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+        self.held.merge(other.held)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -110,6 +113,7 @@ class Summary:
             },
             "seen": {r: sorted(list(p) for p in ps) for r, ps in self.seen.items()},
             "seconds": self.seconds,
+            "held": self.held.to_json(),
         }
 
     @classmethod
@@ -127,6 +131,7 @@ class Summary:
             },
             seen={r: {tuple(p) for p in ps} for r, ps in data["seen"].items()},
             seconds={str(k): float(v) for k, v in data.get("seconds", {}).items()},
+            held=Positions.from_json(data.get("held", [])),
         )
 
 
@@ -314,7 +319,13 @@ class TaskRun:
         on_failed: Callable[[list[FailedEvent]], None] | None = None,
         chunk_rows: int = CHUNK_ROWS,
         failure: tuple[str, str, str] | None = None,
+        *,
+        hold_novel: bool = False,
+        only: Positions | None = None,
     ) -> None:
+        """``hold_novel`` (WRITE): hand novel rows to nobody, note their places in the
+        summary (``held``) instead; ``only`` (WRITE): handle only the rows at these places (the
+        rest were handled by an earlier run of the batch)."""
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
         self.program = program
@@ -324,6 +335,8 @@ class TaskRun:
         self.on_failed = on_failed
         self.chunk_rows = chunk_rows
         self.failure = failure  # FAIL_ALL: (step, code, reason)
+        self.hold_novel = hold_novel
+        self.only = only
         self.summary = Summary()
         self._buffers = TableBuffers(program.tables)
         self._held: deque[_Held] = deque()  # input batches not yet fully answered, in order
@@ -388,8 +401,19 @@ class TaskRun:
             with self.summary.phase("learn"):
                 self._learn(out.filter(novel), engine, s)
         if self.mode == WRITE:
-            self._fail(out.filter(pc.and_(error_valid, pc.invert(novel))))
-            self._buffers.add(out.filter(routed_ok))
+            failing = pc.and_(error_valid, pc.invert(novel))
+            staging = routed_ok
+            if self.only is not None:
+                mine = pa.array(self.only.contains(self._places(out.column(ROW))))
+                failing, staging = pc.and_(failing, mine), pc.and_(staging, mine)
+            if self.hold_novel and s.novel:
+                held = pc.and_(staging, novel)
+                s.held.add(self._places(out.filter(held).column(ROW)))
+                staging = pc.and_(staging, pc.invert(novel))
+            if self.only is not None or self.hold_novel:
+                s.tables = _value_counts(table.filter(staging)) if _count(staging) else {}
+            self._fail(out.filter(failing))
+            self._buffers.add(out.filter(staging))
             full = self._buffers.take(self.chunk_rows)
             if full and self.on_rows is not None:
                 with self.summary.phase("stage"):
@@ -408,6 +432,12 @@ class TaskRun:
         held = list(self._held)
         whole = pa.Table.from_batches([getattr(h, which) for h in held])
         return whole.take(pc.subtract(rows, held[0].first))
+
+    def _places(self, rows: pa.ChunkedArray | pa.Array) -> pa.Table:
+        """Topic, partition and offset of the held source rows numbered ``rows``."""
+        if not len(rows):
+            return pa.table({"topic": [], "partition": [], "offset": []})
+        return self._held_rows(rows, "source").select(["topic", "partition", "offset"])
 
     def _learn(self, novel: pa.Table, engine: Engine, s: Summary) -> None:
         routed = novel.column(ROUTED).to_pylist()

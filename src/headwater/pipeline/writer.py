@@ -31,15 +31,19 @@ from headwater.config.model import HeadwaterConfig
 from headwater.delivery.destination import HttpDestination
 from headwater.delivery.frame import session_frame
 from headwater.destinations import Destination, open_destination
+from headwater.destinations.base import StagedPart
 from headwater.errors import TransientError
 from headwater.pipeline.config import DestinationConfig
 from headwater.pipeline.plan import NULL_KEY, WRITE_STEP, BatchPlan, Knowledge, plan, widen_tables
+from headwater.pipeline.positions import Positions
 from headwater.pipeline.task import FAIL_ALL, FAIL_NOVEL, LEARN, Summary, TaskRun
 from headwater.pipeline.timing import timed
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
+
+    from headwater.pipeline.sink import SinkResult
 
 log = logging.getLogger(__name__)
 
@@ -119,13 +123,29 @@ class DestinationWriter:
         if not self.knowledge.shape.leaves:  # a new writer: a first guess from a sample
             with stats.phase("learn"):
                 self._learn_first(ranges)
+        # a destination that delivers cannot take back what a run sent: each run sends the
+        # rows the plan describes whole and holds the novel ones back for the next run, which
+        # sends only those (held) once the plan has learned them (or as they are, at the end)
+        delivers = destination.delivers
+        only: Positions | None = None
+        final = False
+        sent = Sent()
         while True:
             stats.plans += 1
             with stats.phase("plan"):
                 planned = self.plan()
+            hold = delivers and not final and stats.plans < MAX_PLANS
             try:
                 with stats.phase("run"):
-                    result = sink.run(df, self.config, self.dest, batch_id, planned.program)
+                    result = sink.run(
+                        df,
+                        self.config,
+                        self.dest,
+                        batch_id,
+                        planned.program,
+                        hold_novel=hold,
+                        only=only,
+                    )
             except Exception as exc:
                 if not _refused(exc):
                     raise  # transient or unknown (a lost executor): the batch is retried
@@ -136,14 +156,24 @@ class DestinationWriter:
             summary = result.summary
             for name, seconds in summary.seconds.items():  # the tasks' time, summed
                 stats.phases[f"task {name}"] = stats.phases.get(f"task {name}", 0.0) + seconds
-            if summary.novel and stats.plans < MAX_PLANS:
+            sent.add(result)
+            if summary.novel and stats.plans < MAX_PLANS and not final:
                 with stats.phase("learn"):
                     learned = self.knowledge.learn(summary.leaves, summary.seen, self.dest)
                 if learned:
                     self.knowledge.save(self.knowledge_path)
-                    destination.discard_staged(self.dest.id, batch_id, result.parts)
-                    continue
+                    if not delivers:
+                        destination.discard_staged(self.dest.id, batch_id, result.parts)
+                        continue
+                    if summary.held:
+                        only = summary.held
+                        continue
+            if delivers and summary.held:  # nothing more to learn: send them as they are
+                only, final = summary.held, True
+                continue
             break
+        if delivers:  # every run's sent rows, not only the last run's
+            result, summary.tables = sent.result(summary), dict(sent.tables)
         if summary.novel_failed:  # novel rows that failed stay failed: nothing more to learn
             with stats.phase("failed"):
                 sink.run(df, self.config, self.dest, batch_id, planned.program, mode=FAIL_NOVEL)
@@ -238,6 +268,24 @@ class DestinationWriter:
             stats.seconds,
             ", ".join(f"{k} {v:.2f}" for k, v in stats.phases.items()),
         )
+
+
+@dataclass
+class Sent:
+    """What the runs of one batch of a delivering destination sent, together."""
+
+    parts: list[StagedPart] = field(default_factory=list)
+    tables: dict[str, int] = field(default_factory=dict)
+
+    def add(self, result: SinkResult) -> None:
+        self.parts += result.parts
+        for table, n in result.summary.tables.items():
+            self.tables[table] = self.tables.get(table, 0) + n
+
+    def result(self, summary: Summary) -> SinkResult:
+        from headwater.pipeline.sink import SinkResult
+
+        return SinkResult(list(self.parts), summary)
 
 
 def first_events(config: HeadwaterConfig, dest: DestinationConfig, n: int) -> list[pa.RecordBatch]:
