@@ -20,6 +20,7 @@ from headwater.bus import Message, open_bus
 from headwater.bus import context as ctx
 from headwater.config.loader import load_config
 from headwater.delivery.bodies import TRIMMED
+from headwater.delivery.metrics import METRICS
 from headwater.ops.cli import cli
 from headwater.pipeline.runner import Pipeline
 from headwater.testing.http_receiver import Batch, BatchReceiver, running_batch_receiver
@@ -81,6 +82,15 @@ def cli_json(config_path: Path, *args: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in result.output.splitlines()]
 
 
+def metric(name: str) -> float:
+    """A delivery metric of the destination ``api`` in this process (0 before any)."""
+    suffix = "" if name.endswith(("_count", "_sum")) or name == "sessions" else "_total"
+    value = METRICS.registry.get_sample_value(
+        f"headwater_delivery_{name}{suffix}", {"destination": "api"}
+    )
+    return value or 0.0
+
+
 def per_session(batches: list[Batch]) -> dict[str, list[int]]:
     seen: dict[str, list[int]] = defaultdict(list)
     for b in sorted(batches, key=lambda b: b.started):
@@ -100,10 +110,18 @@ def test_sessions_by_group_by_in_log_order_one_in_flight_and_once(
             for n in range(3_000)
         ]
         append(config_path, values)
+        before = {name: metric(name) for name in ("events", "requests", "request_seconds_count")}
         pipeline = run_pipeline(spark, config_path)
         assert pipeline.queries[0].writer.failed_events == 0
 
         delivered = receiver.delivered()
+        # the tasks' tallies, added up by the driver once the batch was committed
+        assert metric("events") - before["events"] == 3_000
+        assert metric("requests") - before["requests"] == len(receiver.requests)
+        assert metric("request_seconds_count") - before["request_seconds_count"] == len(
+            receiver.requests
+        )
+        assert metric("sessions") == 20
         assert receiver.overlaps == []
         got = [e for b in delivered for e in b.events]
         assert sorted(e["n"] for e in got) == list(range(3_000))

@@ -56,6 +56,7 @@ class Metrics:
             registry=r,
         )
         self._types: set[str] = set()
+        self.also: list[CollectorRegistry] = []  # served too: what else runs in the process
 
     def _label(self, event_type: str) -> str:
         if event_type in self._types:
@@ -94,7 +95,7 @@ class Metrics:
         self.lost.inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return b"".join(generate_latest(r) for r in (self.registry, *self.also))
 
 
 class StatsdExporter:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from headwater.delivery.config import HttpDeliveryConfig
+from headwater.delivery.metrics import METRICS, Tally
 from headwater.delivery.task import OnFailed, TaskSender, given_up, source_records
 from headwater.destinations.base import (
     Destination,
@@ -87,15 +88,11 @@ class HttpDestination(Destination):
         failed = given_up(report)
         for events, code, reason in failed:
             on_failed([(record, code, reason) for record in source_records(events)])
-        outcome = report.outcome
-        counts = {
-            "delivered": outcome.delivered,
-            "requests": outcome.requests,
-            "retries": outcome.retries,
-            "failed": sum(len(events) for events, _, _ in failed),
-            "sessions": report.sessions,
-        }
-        return [StagedPart(DELIVERED, outcome.delivered, json.dumps(counts), task)]
+        outcome, tally = report.outcome, sender.tally
+        tally.requests, tally.retries = outcome.requests, outcome.retries
+        tally.delivered, tally.sessions = outcome.delivered, report.sessions
+        tally.failed = sum(len(events) for events, _, _ in failed)
+        return [StagedPart(DELIVERED, outcome.delivered, json.dumps(tally.to_json()), task)]
 
     def _sender(self, writer_id: str, batch_id: int, task: str) -> TaskSender:
         key = (writer_id, batch_id, task)
@@ -129,6 +126,8 @@ class HttpDestination(Destination):
         if done is not None and batch_id <= done:
             return False
         replace_file(self._ledger(writer_id), str(batch_id).encode())
+        tallies = [Tally.from_json(json.loads(p.ref)) for p in parts if p.table == DELIVERED]
+        METRICS.add(writer_id, tallies)
         return True
 
     def discard_staged(self, writer_id: str, batch_id: int, parts: Sequence[StagedPart]) -> None:

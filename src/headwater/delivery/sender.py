@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from headwater.delivery.bodies import BodyFormat, Event
 from headwater.delivery.config import HttpDeliveryConfig
+from headwater.delivery.metrics import Tally
 from headwater.errors import TerminalError
 from headwater.http_client import HttpClient
 from headwater.http_headers import retry_after
@@ -94,6 +95,7 @@ class Sender:
         if config.compression == "gzip":
             self.headers["content-encoding"] = "gzip"
         self.rng = rng or random.Random()
+        self.tally = Tally()  # bytes and latency of every request (the metrics')
 
     async def send(self, session: str, key: str, events: Sequence[Event]) -> Outcome:
         """Deliver ``events`` as one batch of ``session`` (split on 413), retrying as the
@@ -107,7 +109,10 @@ class Sender:
         started = time.monotonic()
         wait = retry.initial_s
         while True:
+            sent = time.monotonic()
             answer = await self._request(body, headers)
+            self.tally.observe(time.monotonic() - sent)
+            self.tally.bytes += len(body)
             outcome.requests += 1
             status = answer.status
             if status is not None and 200 <= status < 300:

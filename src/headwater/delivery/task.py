@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from headwater.delivery.bodies import Event
 from headwater.delivery.config import HttpDeliveryConfig
+from headwater.delivery.metrics import Tally
 from headwater.delivery.sender import Sender
 from headwater.delivery.sessions import Report, TaskDelivery
 from headwater.destinations.base import (
@@ -84,6 +85,7 @@ class TaskSender:
         self.batch_id = batch_id
         self.default_key = default_key
         self.report: Report | None = None
+        self.tally = Tally()
         self.error: BaseException | None = None
         self._chunks: queue.Queue[pa.Table | None] = queue.Queue(maxsize=_QUEUED_CHUNKS)
         self._stopped = threading.Event()
@@ -143,7 +145,9 @@ class TaskSender:
     async def _deliver(self) -> None:
         self._loop, self._main = asyncio.get_running_loop(), asyncio.current_task()
         async with HttpClient() as http:
-            delivery = TaskDelivery(Sender(self.settings, http), self.destination, self.batch_id)
+            sender = Sender(self.settings, http)
+            self.tally = sender.tally
+            delivery = TaskDelivery(sender, self.destination, self.batch_id)
             self.report = await delivery.run(self._stream())
 
     async def _stream(self) -> AsyncIterator[Items]:

@@ -113,8 +113,11 @@ async def serve(
             names = ", ".join(r.name for r in config.webhooks.receivers)
             echo(f"headwater: webhook workers running (receivers: {names})")
         if with_pipeline:
+            from headwater.delivery.metrics import METRICS
+
             pipeline = await asyncio.to_thread(start_pipeline, config, echo)
             collector.readiness = pipeline_readiness(pipeline)
+            collector.metrics.also.append(METRICS.registry)
         echo("headwater: ready (stop with Ctrl-C or SIGTERM)")
         await stop.wait()
         echo("headwater: stopping")
