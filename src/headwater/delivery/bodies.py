@@ -14,6 +14,10 @@ import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 TRIMMED = "_hw_trimmed"  # the marker: the JSON paths whose values were cut
 _TS_DIGITS = 19  # nanoseconds since the epoch, as DataSet wants them
 
@@ -26,8 +30,58 @@ class Event(NamedTuple):
     source: Any = None  # where it came from (for the failed store)
 
 
+class Pack:
+    """Events of one session in log order, each encoded as its format lays an event out in a
+    body (its *item*, ending with the format's separator), one after another: a run of a
+    Spark task's rows, made without a Python object per event."""
+
+    __slots__ = ("data", "ends", "sources")
+
+    def __init__(self, data: bytes | memoryview, ends: np.ndarray, sources: Any = None) -> None:
+        self.data = data
+        self.ends = ends  # int64: where each event's item ends in ``data``
+        self.sources = sources  # (rows, row numbers) they came from, for the failed store
+
+    @property
+    def count(self) -> int:
+        return len(self.ends)
+
+    @property
+    def size(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def slice(self, start: int, stop: int) -> Pack:
+        """Events ``start`` .. ``stop - 1``."""
+        base = int(self.ends[start - 1]) if start else 0
+        end = int(self.ends[stop - 1]) if stop > start else base
+        sources = None
+        if self.sources is not None:
+            rows, numbers = self.sources
+            sources = (rows, numbers[start:stop])
+        return Pack(memoryview(self.data)[base:end], self.ends[start:stop] - base, sources)
+
+
+def split(packs: Sequence[Pack], first: int) -> tuple[list[Pack], list[Pack]]:
+    """``packs`` cut after their ``first`` events."""
+    head: list[Pack] = []
+    tail: list[Pack] = []
+    left = first
+    for pack in packs:
+        if left >= pack.count:
+            head.append(pack)
+            left -= pack.count
+        elif left > 0:
+            head.append(pack.slice(0, left))
+            tail.append(pack.slice(left, pack.count))
+            left = 0
+        else:
+            tail.append(pack)
+    return head, tail
+
+
 class BodyFormat:
-    """How one format lays events out; sizes are exact for the encoded body."""
+    """How one format lays events out; sizes are exact for the encoded body: a body is
+    ``fixed(session)`` bytes plus its events' items."""
 
     def __init__(self, name: str, session_info: dict[str, str] | None = None) -> None:
         if name not in ("ndjson", "json", "dataset"):
@@ -36,33 +90,52 @@ class BodyFormat:
         self.session_info = session_info or {}
 
     def fixed(self, session: str) -> int:
-        """Bytes of a body with no event."""
+        """Bytes of a body besides its items (the last item's separator is not sent)."""
         if self.name == "ndjson":
             return 0
         if self.name == "json":
-            return 2
-        return len(self._dataset_head(session)) + 2
+            return 1  # "[" and "]", less the last ","
+        return len(self._dataset_head(session)) + 1  # the head and "]}", less the last ","
 
-    def cost(self, event: Event, first: bool = False) -> int:
-        """Bytes ``event`` adds to a body (with its separator unless it is the ``first``)."""
-        n = len(event.data)
-        if self.name == "ndjson":
-            return n + 1
-        separator = 0 if first else 1
-        if self.name == "json":
-            return n + separator
-        return n + separator + len('{"ts":"","attrs":}') + _TS_DIGITS
+    def cost(self, event: Event) -> int:
+        """Bytes ``event`` adds to a body: its item."""
+        return len(self.item(event))
 
-    def encode(self, session: str, events: Sequence[Event]) -> bytes:
+    def item(self, event: Event) -> bytes:
         if self.name == "ndjson":
-            return b"".join(e.data + b"\n" for e in events)
+            return event.data + b"\n"
         if self.name == "json":
-            return b"[" + b",".join(e.data for e in events) + b"]"
-        items = b",".join(
-            b'{"ts":"' + str(e.ts_ns).zfill(_TS_DIGITS).encode() + b'","attrs":' + e.data + b"}"
-            for e in events
-        )
-        return self._dataset_head(session) + items + b"]}"
+            return event.data + b","
+        ts = str(event.ts_ns).zfill(_TS_DIGITS).encode()
+        return b'{"ts":"' + ts + b'","attrs":' + event.data + b"},"
+
+    def items(self, texts: pa.Array, ts_ns: pa.Array) -> pa.Array:
+        """Every event's item, in one pass (``texts``: the events' JSON, as text; ``ts_ns``:
+        int64)."""
+        if self.name == "ndjson":
+            return pc.binary_join_element_wise(texts, "", "\n")
+        if self.name == "json":
+            return pc.binary_join_element_wise(texts, "", ",")
+        ts = pc.utf8_lpad(pc.cast(pc.fill_null(ts_ns, 0), pa.string()), _TS_DIGITS, "0")
+        return pc.binary_join_element_wise('{"ts":"', ts, '","attrs":', texts, "},", "")
+
+    def pack(self, events: Sequence[Event]) -> Pack:
+        """A pack of single events (their ``source`` kept per event)."""
+        items = [self.item(e) for e in events]
+        ends = np.cumsum([len(i) for i in items], dtype=np.int64)
+        return Pack(b"".join(items), ends, ("events", [e.source for e in events]))
+
+    def encode(self, session: str, packs: Sequence[Pack]) -> bytes | bytearray:
+        if self.name == "ndjson":
+            return b"".join(p.data for p in packs)
+        body = bytearray(b"[" if self.name == "json" else self._dataset_head(session))
+        for p in packs:
+            body += p.data
+        if self.name == "json":
+            body[-1:] = b"]"
+        else:
+            body[-1:] = b"]}"
+        return body
 
     def _dataset_head(self, session: str) -> bytes:
         head = {"session": session, "sessionInfo": self.session_info}
@@ -73,7 +146,7 @@ def trim(event: Event, room: int, fmt: BodyFormat) -> Event | None:
     """``event`` cut down until it costs at most ``room`` bytes in a body: its longest string
     values first, each to what is needed, with ``_hw_trimmed`` naming the cut paths. None when
     it cannot fit (not an object, or too large without its strings)."""
-    if fmt.cost(event, first=True) <= room:
+    if fmt.cost(event) <= room:
         return event
     try:
         doc = json.loads(event.data)
@@ -84,20 +157,20 @@ def trim(event: Event, room: int, fmt: BodyFormat) -> Event | None:
     leaves = sorted(_strings(doc, ()), key=lambda leaf: -len(leaf[1]))
     cut: list[str] = []
     for path, value in leaves:
-        if cut and fmt.cost(_with(event, doc, cut), first=True) <= room:
+        if cut and fmt.cost(_with(event, doc, cut)) <= room:
             break  # it fits now
-        size = fmt.cost(_with(event, doc, [*cut, "/".join(path)]), first=True)
+        size = fmt.cost(_with(event, doc, [*cut, "/".join(path)]))
         excess = size - room
         keep = max(0, len(value) - excess - 1)
         while True:  # escapes make encoded and raw lengths differ: shrink until it fits
             _set(doc, path, value[:keep])
             trimmed = _with(event, doc, [*cut, "/".join(path)])
-            if fmt.cost(trimmed, first=True) <= room or keep == 0:
+            if fmt.cost(trimmed) <= room or keep == 0:
                 break
-            keep = max(0, keep - max(1, (fmt.cost(trimmed, first=True) - room)))
+            keep = max(0, keep - max(1, (fmt.cost(trimmed) - room)))
         cut.append("/".join(path))
     result = _with(event, doc, cut) if cut else event
-    return result if fmt.cost(result, first=True) <= room else None
+    return result if fmt.cost(result) <= room else None
 
 
 def _strings(node: Any, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], str]]:

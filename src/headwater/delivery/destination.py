@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from headwater.delivery.config import HttpDeliveryConfig
 from headwater.delivery.metrics import METRICS, Tally
-from headwater.delivery.task import OnFailed, TaskSender, given_up, source_records
+from headwater.delivery.task import OnFailed, TaskSender, given_up
 from headwater.destinations.base import (
     Destination,
     DestinationError,
@@ -86,12 +86,12 @@ class HttpDestination(Destination):
             return []
         report = sender.finish()
         failed = given_up(report)
-        for events, code, reason in failed:
-            on_failed([(record, code, reason) for record in source_records(events)])
+        for records, code, reason in failed:
+            on_failed([(record, code, reason) for record in records])
         outcome, tally = report.outcome, sender.tally
         tally.requests, tally.retries = outcome.requests, outcome.retries
         tally.delivered, tally.sessions = outcome.delivered, report.sessions
-        tally.failed = sum(len(events) for events, _, _ in failed)
+        tally.failed = sum(len(records) for records, _, _ in failed)
         return [StagedPart(DELIVERED, outcome.delivered, json.dumps(tally.to_json()), task)]
 
     def _sender(self, writer_id: str, batch_id: int, task: str) -> TaskSender:

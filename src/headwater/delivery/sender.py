@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from headwater.delivery.bodies import BodyFormat, Event
+from headwater.delivery.bodies import BodyFormat, Pack, split
 from headwater.delivery.config import HttpDeliveryConfig
 from headwater.delivery.metrics import Tally
 from headwater.errors import TerminalError
@@ -50,7 +50,7 @@ class Outcome:
     delivered: int = 0
     requests: int = 0
     retries: int = 0
-    failed: list[tuple[list[Event], str]] = field(default_factory=list)  # events, reason
+    failed: list[tuple[list[Pack], str]] = field(default_factory=list)  # events, reason
 
     def add(self, other: Outcome) -> Outcome:
         self.delivered += other.delivered
@@ -97,11 +97,12 @@ class Sender:
         self.rng = rng or random.Random()
         self.tally = Tally()  # bytes and latency of every request (the metrics')
 
-    async def send(self, session: str, key: str, events: Sequence[Event]) -> Outcome:
-        """Deliver ``events`` as one batch of ``session`` (split on 413), retrying as the
+    async def send(self, session: str, key: str, packs: Sequence[Pack]) -> Outcome:
+        """Deliver ``packs`` as one batch of ``session`` (split on 413), retrying as the
         config says; raises ``DestinationRefused`` on 401/403."""
         outcome = Outcome()
-        body = self.format.encode(session, events)
+        count = sum(p.count for p in packs)
+        body = self.format.encode(session, packs)
         if self.config.compression == "gzip":
             body = gzip.compress(body, compresslevel=self.config.compression_level)
         headers = {**self.headers, SESSION_HEADER: session, IDEMPOTENCY_HEADER: key}
@@ -116,13 +117,12 @@ class Sender:
             outcome.requests += 1
             status = answer.status
             if status is not None and 200 <= status < 300:
-                outcome.delivered += len(events)
+                outcome.delivered += count
                 return outcome
-            if status == 413 and len(events) > 1:
-                half = len(events) // 2
-                first = await self.send(session, f"{key}.0", events[:half])
-                second = await self.send(session, f"{key}.1", events[half:])
-                return outcome.add(first).add(second)
+            if status == 413 and count > 1:
+                first, second = split(packs, count // 2)
+                outcome.add(await self.send(session, f"{key}.0", first))
+                return outcome.add(await self.send(session, f"{key}.1", second))
             if status in (401, 403):
                 raise DestinationRefused(
                     f"{self.config.url} refused the destination's credentials: {answer.describe()}"
@@ -133,13 +133,13 @@ class Sender:
                 if time.monotonic() - started + delay > retry.max_elapsed_s:
                     waited = time.monotonic() - started
                     reason = f"gave up after {waited:.0f} s: {answer.describe()}"
-                    outcome.failed.append((list(events), reason))
+                    outcome.failed.append((list(packs), reason))
                     return outcome
                 outcome.retries += 1
                 await asyncio.sleep(delay)
                 wait = min(wait * retry.multiplier, retry.max_interval_s)
                 continue
-            outcome.failed.append((list(events), answer.describe()))
+            outcome.failed.append((list(packs), answer.describe()))
             return outcome
 
     async def _request(self, body: bytes, headers: dict[str, str]) -> Answer:

@@ -26,7 +26,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
-from headwater.delivery.bodies import Event, trim
+import numpy as np
+
+from headwater.delivery.bodies import Event, Pack, trim
 from headwater.delivery.sender import Outcome, Sender
 
 
@@ -39,9 +41,9 @@ def session_name(destination: str, key: str) -> str:
 @dataclass
 class _Session:
     name: str
-    events: list[Event] = field(default_factory=list)
+    packs: list[Pack] = field(default_factory=list)  # the buffer
     size: int = 0  # of the events in the buffer, in the body
-    queue: deque[tuple[list[Event], int]] = field(default_factory=deque)  # batch, bytes
+    queue: deque[tuple[list[Pack], int]] = field(default_factory=deque)  # batch, bytes
     sequence: int = 0
     sending: asyncio.Task[None] | None = None
     room: int = 0  # bytes a batch's events may take
@@ -78,20 +80,22 @@ class TaskDelivery:
         self.report = Report()
 
     async def run(
-        self, events: Iterable[tuple[str, Event]] | AsyncIterator[Iterable[tuple[str, Event]]]
+        self,
+        events: Iterable[tuple[str, Pack | Event]]
+        | AsyncIterator[Iterable[tuple[str, Pack | Event]]],
     ) -> Report:
-        """Deliver every ``(session key, event)`` (or every one of each chunk an async iterator
-        gives); raises what stopped the destination (``DestinationRefused``) after the sessions
-        in flight have ended."""
+        """Deliver every ``(session key, pack or event)`` (or every one of each chunk an async
+        iterator gives); raises what stopped the destination (``DestinationRefused``) after the
+        sessions in flight have ended."""
         try:
             if isinstance(events, AsyncIterator):
                 async for chunk in events:
-                    for key, event in chunk:
-                        if self._add(key, event):
+                    for key, item in chunk:
+                        if self._add(key, item):
                             await self._wait()
             else:
-                for key, event in events:
-                    if self._add(key, event):
+                for key, item in events:
+                    if self._add(key, item):
                         await self._wait()
             for session in self._sessions.values():
                 self._seal(session)
@@ -109,30 +113,46 @@ class TaskDelivery:
         self.report.sessions = len(self._sessions)
         return self.report
 
-    def _add(self, key: str, event: Event) -> bool:
-        """Add one event to its session's buffer; True when the caller must wait for the
-        queued batches to drain (backpressure)."""
-        if self._error is not None:
-            raise self._error
+    def batch_room(self) -> int:
+        """Bytes a batch's events may take (session names have one length): an event whose
+        item is larger is too large, and is to be ``add``ed as an ``Event``, to be trimmed."""
+        return self.config.max_batch_bytes - self.format.fixed(session_name(self.destination, ""))
+
+    def _session(self, key: str) -> _Session:
         session = self._sessions.get(key)
         if session is None:
             session = self._sessions[key] = _Session(session_name(self.destination, key))
             session.room = self.config.max_batch_bytes - self.format.fixed(session.name)
-        cost = self.format.cost(event, first=not session.events)
-        if cost > session.room:  # too large for any batch: trimmed, or failed
-            fitted = trim(event, session.room, self.format)
-            if fitted is None:
-                limit = self.config.max_batch_bytes
-                reason = f"the event is larger than max_batch_bytes ({limit}) even when trimmed"
-                self.report.too_large.append((event, reason))
-                return False
-            event = fitted
-            cost = self.format.cost(event, first=not session.events)
-        if session.events and session.size + cost > session.room:
-            self._seal(session)
-            cost = self.format.cost(event, first=True)
-        session.events.append(event)
-        session.size += cost
+        return session
+
+    def _add(self, key: str, item: Pack | Event) -> bool:
+        """Add events to their session's buffer, sealing it into a batch whenever the next
+        event would not fit; True when the caller must wait for the queued batches to drain
+        (backpressure)."""
+        if self._error is not None:
+            raise self._error
+        session = self._session(key)
+        if isinstance(item, Event):
+            if self.format.cost(item) > session.room:  # too large for any batch
+                fitted = trim(item, session.room, self.format)
+                if fitted is None:
+                    limit = self.config.max_batch_bytes
+                    why = f"the event is larger than max_batch_bytes ({limit}) even when trimmed"
+                    self.report.too_large.append((item, why))
+                    return False
+                item = fitted
+            item = self.format.pack([item])
+        ends, at, base = item.ends, 0, 0
+        while at < item.count:
+            fits = int(np.searchsorted(ends, base + session.room - session.size, side="right"))
+            if fits > at:
+                session.packs.append(item.slice(at, fits) if at or fits < item.count else item)
+                session.size += int(ends[fits - 1]) - base
+                at, base = fits, int(ends[fits - 1])
+            if at < item.count:
+                if not session.packs:
+                    raise ValueError("an item larger than a batch reached a session's buffer")
+                self._seal(session)
         return self._pending_bytes > self.max_pending_bytes
 
     async def _wait(self) -> None:
@@ -142,11 +162,11 @@ class TaskDelivery:
 
     def _seal(self, session: _Session) -> None:
         """The buffer becomes the session's next batch; start its sender if idle."""
-        if not session.events:
+        if not session.packs:
             return
-        session.queue.append((session.events, session.size))
+        session.queue.append((session.packs, session.size))
         self._pending_bytes += session.size
-        session.events, session.size = [], 0
+        session.packs, session.size = [], 0
         if session.sending is None or session.sending.done():
             session.sending = asyncio.create_task(self._drain(session))
 

@@ -20,10 +20,11 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from headwater.delivery.bodies import Event
+from headwater.delivery.bodies import BodyFormat, Event, Pack
 from headwater.delivery.config import HttpDeliveryConfig
 from headwater.delivery.metrics import Tally
 from headwater.delivery.sender import Sender
@@ -41,36 +42,69 @@ TOO_LARGE = "HW-DLV-003"  # larger than max_batch_bytes even trimmed
 _QUEUED_CHUNKS = 2
 _PUT_WAIT_S = 0.1  # how often a blocked ``add`` looks whether the delivery has stopped
 
-Items = list[tuple[str, Event]]
+Items = list[tuple[str, Pack | Event]]
 
 
-def items(rows: pa.Table, default_key: str) -> Items:
-    """The ``(session key, event)`` pairs of a chunk of archive rows, in order; each event
-    remembers its row (``Event.source``) for the failed store."""
-    texts = rows.column(ARCHIVE_EVENT).cast(pa.binary()).to_pylist()  # bytes, no str between
+def items(rows: pa.Table, default_key: str, fmt: BodyFormat, room: int) -> Items:
+    """A chunk of archive rows as ``(session key, pack)`` pairs: the rows grouped by session
+    (each group in the rows' order) with their items made in one pass (no Python object per
+    event). An event whose item is larger than ``room`` comes alone, as an ``Event``, to be
+    trimmed. Each pack and event remembers its rows, for the failed store."""
+    n = rows.num_rows
+    if not n:
+        return []
     stamps = rows.column(ARCHIVE_TIMESTAMP)
     factor = _NANOS.get(getattr(stamps.type, "unit", "us"), 1_000)
-    nanos = pc.multiply(stamps.cast(pa.int64()), factor).to_pylist()
-    keys = (
-        rows.column(SESSION_COLUMN).to_pylist()
-        if SESSION_COLUMN in rows.column_names
-        else [None] * rows.num_rows
-    )
-    return [
-        (default_key if key is None else key, Event(text, ns or 0, (rows, i)))
-        for i, (text, ns, key) in enumerate(zip(texts, nanos, keys, strict=True))
-    ]
+    nanos = pc.multiply(stamps.cast(pa.int64()), factor)
+    texts = rows.column(ARCHIVE_EVENT)
+    made = fmt.items(texts, nanos).combine_chunks()
+    if SESSION_COLUMN in rows.column_names:
+        keys = pc.fill_null(rows.column(SESSION_COLUMN), default_key).combine_chunks()
+        encoded = pc.dictionary_encode(keys)
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        names = encoded.dictionary.to_pylist()
+        order = np.argsort(codes, kind="stable")
+        codes = codes[order]
+        made = made.take(pa.array(order))
+        cuts = np.flatnonzero(np.diff(codes)) + 1
+        groups = zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [n])), strict=True)
+        keyed = [(names[codes[start]], int(start), int(stop)) for start, stop in groups]
+    else:
+        order = np.arange(n)
+        keyed = [(default_key, 0, n)]
+    offsets = np.frombuffer(made.buffers()[1], np.int32, n + 1, made.offset * 4).astype(np.int64)
+    data = memoryview(made.buffers()[2])  # type: ignore[union-attr]
+    big = np.flatnonzero(np.diff(offsets) > room)
+    out: Items = []
+    for key, start, stop in keyed:
+        cuts = [int(b) for b in big[(big >= start) & (big < stop)]]
+        at = start
+        for b in [*cuts, stop]:
+            if b > at:
+                base = int(offsets[at])
+                run = offsets[at + 1 : b + 1] - base
+                pack = Pack(data[base : int(offsets[b])], run, (rows, order[at:b]))
+                out.append((key, pack))
+            if b < stop:  # too large for a batch: alone, as an event
+                i = int(order[b])
+                text = texts[i].as_py().encode()
+                out.append((key, Event(text, nanos[i].as_py() or 0, (rows, np.array([i])))))
+            at = b + 1
+    return out
 
 
 _NANOS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
 
-def source_records(events: list[Event]) -> list[dict[str, Any]]:
-    """The source records of delivered events (as the failed store takes them)."""
+def source_records(packs: list[Pack] | list[Event]) -> list[dict[str, Any]]:
+    """The source records of packs' or events' rows (as the failed store takes them)."""
     out: list[dict[str, Any]] = []
-    for event in events:
-        rows, i = event.source
-        out.append(rows.slice(i, 1).select(list(RECORD_COLUMNS)).to_pylist()[0])
+    for item in packs:
+        rows, numbers = item.sources if isinstance(item, Pack) else item.source
+        if isinstance(rows, str):  # a pack of single events: each its own (rows, numbers)
+            out += source_records([Event(b"", 0, s) for s in numbers])
+            continue
+        out += rows.take(pa.array(numbers)).select(list(RECORD_COLUMNS)).to_pylist()
     return out
 
 
@@ -148,20 +182,21 @@ class TaskSender:
             sender = Sender(self.settings, http)
             self.tally = sender.tally
             delivery = TaskDelivery(sender, self.destination, self.batch_id)
-            self.report = await delivery.run(self._stream())
+            self.report = await delivery.run(self._stream(sender.format, delivery.batch_room()))
 
-    async def _stream(self) -> AsyncIterator[Items]:
+    async def _stream(self, fmt: BodyFormat, room: int) -> AsyncIterator[Items]:
         while True:
             chunk = await asyncio.to_thread(self._chunks.get)
             if chunk is None:
                 return
-            yield items(chunk, self.default_key)
+            yield items(chunk, self.default_key, fmt, room)
 
 
-def given_up(report: Report) -> list[tuple[list[Event], str, str]]:
-    """The report's events that were not delivered: ``(events, code, reason)``."""
-    out = [(events, GIVEN_UP, reason) for events, reason in report.outcome.failed]
-    out += [([event], TOO_LARGE, reason) for event, reason in report.too_large]
+def given_up(report: Report) -> list[tuple[list[dict[str, Any]], str, str]]:
+    """The source records of the report's events that were not delivered, with why:
+    ``(records, code, reason)``."""
+    out = [(source_records(packs), GIVEN_UP, reason) for packs, reason in report.outcome.failed]
+    out += [(source_records([event]), TOO_LARGE, reason) for event, reason in report.too_large]
     return out
 
 
