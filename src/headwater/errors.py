@@ -14,6 +14,8 @@ class HeadwaterError(Exception):
 
     code: ClassVar[str] = "HW-000"
     transient: ClassVar[bool] = False
+    # a pipeline destination failing with it is stopped, not retried: only a person can fix it
+    stops_destination: ClassVar[bool] = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

@@ -8,6 +8,7 @@ destination with HW-DLV-001."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,10 @@ TOPIC = "events-track"
 FAST_RETRY = {"initial_s": 0.05, "max_interval_s": 0.2, "max_elapsed_s": 3.0}
 
 
-def write_config(path: Path, receiver: BatchReceiver, **options: Any) -> Path:
+def write_config(
+    path: Path, receiver: BatchReceiver, bus: dict[str, Any] | None = None, **options: Any
+) -> Path:
+    """One ``http`` destination ``api``; on a Kafka ``bus`` it reads a topic of its own."""
     destination = {
         "id": "api",
         "type": "http",
@@ -38,18 +42,25 @@ def write_config(path: Path, receiver: BatchReceiver, **options: Any) -> Path:
         "mapping": {"fields": [{"action": "remove", "src": "/secret"}]},
         "options": {"url": receiver.url, "retry": FAST_RETRY, "timeout_s": 5, **options},
     }
+    pipeline: dict[str, Any] = {"destinations": [destination]}
+    if bus is not None:
+        suffix = uuid.uuid5(uuid.NAMESPACE_URL, str(path.parent)).hex[:10]
+        destination["topics"] = [f"{TOPIC}-{suffix}"]
+        pipeline["failed_topic"] = f"failed-{suffix}"
     document = {
         "data_dir": str(path.parent / "data"),
-        "bus": {"embedded": {"durability": "never"}},
-        "pipeline": {"destinations": [destination]},
+        "bus": bus or {"embedded": {"durability": "never"}},
+        "pipeline": pipeline,
     }
     path.write_text(yaml.safe_dump(document))
     return path
 
 
 def append(config_path: Path, values: list[dict[str, Any]], first: int = 0) -> None:
-    with open_bus(load_config(config_path)) as bus:
-        bus.create_topic(TOPIC, 2)
+    config = load_config(config_path)
+    topic = (config.pipeline.destinations[0].topics or [TOPIC])[0]
+    with open_bus(config) as bus:
+        bus.create_topic(topic, 2)
         messages = [
             Message(
                 json.dumps(v).encode(),
@@ -63,7 +74,7 @@ def append(config_path: Path, values: list[dict[str, Any]], first: int = 0) -> N
             )
             for i, v in enumerate(values)
         ]
-        bus.append(TOPIC, messages).result()
+        bus.append(topic, messages).result()
         bus.flush()
 
 
@@ -89,6 +100,10 @@ def metric(name: str) -> float:
         f"headwater_delivery_{name}{suffix}", {"destination": "api"}
     )
     return value or 0.0
+
+
+def delivered_numbers(receiver: BatchReceiver) -> list[int]:
+    return [e["n"] for b in receiver.delivered() for e in b.events]
 
 
 def per_session(batches: list[Batch]) -> dict[str, list[int]]:
@@ -200,6 +215,22 @@ def test_401_stops_the_destination(spark: Any, tmp_path: Path) -> None:
         with pytest.raises(Exception, match=r"HW-DLV-001|refused the destination.s credentials"):
             run_pipeline(spark, config_path)
 
+        # streaming, the destination stops for good (not retried) and says why
+        document = yaml.safe_load(config_path.read_text())
+        document["pipeline"]["destinations"][0]["mode"] = "stream"
+        config_path.write_text(yaml.safe_dump(document))
+        pipeline = Pipeline(load_config(config_path), spark)
+        pipeline.start()
+        try:
+            assert pipeline.queries[0].finished.wait(120), "the destination was not stopped"
+            status = pipeline.status.get("api")
+            asked = len(receiver.requests)
+        finally:
+            pipeline.stop()
+        assert status.state == "stopped" and status.last_error_code == "HW-DLV-001"
+        assert "refused the destination's credentials" in (status.last_error or "")
+        assert asked == len(receiver.requests) >= 2  # once per run, nothing after it stopped
+
 
 def test_events_with_fields_never_seen_are_sent_once_and_whole(spark: Any, tmp_path: Path) -> None:
     """A batch whose events hold what the destination has not learned yet is planned again
@@ -216,3 +247,26 @@ def test_events_with_fields_never_seen_are_sent_once_and_whole(spark: Any, tmp_p
         assert sorted(e["n"] for e in got) == list(range(6_000))  # each once
         assert all(e["extra"] == {"k": e["n"], "tags": ["a"]} for e in got if e["n"] >= 4_000)
         assert receiver.overlaps == []
+
+
+@pytest.mark.kafka
+def test_from_kafka_sessions_are_repartitioned_by_key(
+    spark: Any, tmp_path: Path, kafka_broker: Any
+) -> None:
+    """From Apache Kafka (records read by Spark's connector), Spark moves each session's
+    records to one task: same order, one request in flight, each event once."""
+    client = {"bootstrap_servers": kafka_broker.bootstrap_servers, "timeout_s": 15.0}
+    bus = {"backend": "kafka", "kafka": {**client, "consumer": {"session.timeout.ms": 6000}}}
+    with running_batch_receiver() as receiver:
+        config_path = write_config(
+            tmp_path / "headwater.yaml", receiver, bus, group_by=["/user"], max_batch_bytes=3_000
+        )
+        append(config_path, [{"n": n, "user": f"u{n % 9}"} for n in range(2_000)])
+        run_pipeline(spark, config_path)
+        assert receiver.overlaps == []
+        assert sorted(delivered_numbers(receiver)) == list(range(2_000))
+        sessions = per_session(receiver.delivered())
+        assert len(sessions) == 9
+        for ns in sessions.values():
+            assert len({n % 9 for n in ns}) == 1
+            assert ns == sorted(ns)

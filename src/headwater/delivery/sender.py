@@ -43,6 +43,7 @@ class DestinationRefused(TerminalError):
     """The receiver refused the destination's credentials (401/403): stop, and say so."""
 
     code = "HW-DLV-001"
+    stops_destination = True
 
 
 @dataclass

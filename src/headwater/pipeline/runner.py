@@ -197,7 +197,8 @@ class Pipeline:
                 except Exception as exc:
                     if self._stop.is_set():
                         break
-                    self._failed(q, exc)
+                    if self._failed(q, exc):
+                        break  # stopped for good: only a person can fix what failed
                     continue
                 if self._stop.is_set():
                     break
@@ -215,9 +216,20 @@ class Pipeline:
             self.status.update(q.dest.id, state="stopped", next_retry_at=None)
             q.finished.set()
 
-    def _failed(self, q: DestinationQuery, exc: Exception) -> None:
-        """Record a failed run, wait the backoff, and give the next run a fresh writer."""
+    def _failed(self, q: DestinationQuery, exc: Exception) -> bool:
+        """Record a failed run, wait the backoff, and give the next run a fresh writer; True
+        when the failure stops the destination instead (``stops_destination``: credentials
+        the receiver refuses), which is said once, loudly."""
         failure = classify(exc)
+        if failure.stops:
+            self.status.failed(q.dest.id, failure, 0.0)
+            log.error(
+                "destination %s stopped: %s: %s; fix its configuration and start headwater again",
+                q.dest.id,
+                failure.code,
+                failure.reason,
+            )
+            return True
         failures = self.status.get(q.dest.id).consecutive_failures + 1
         delay = self.backoff.delay(failures)
         self.status.failed(q.dest.id, failure, delay)
@@ -244,6 +256,7 @@ class Pipeline:
             )
         q.stale = True
         self._stop.wait(delay)
+        return False
 
     def _renew_writer(self, q: DestinationQuery) -> None:
         """The old writer may hold a broken connection or a stale plan: start afresh (a writer

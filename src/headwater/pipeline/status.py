@@ -16,9 +16,12 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from headwater.errors import HeadwaterError
 
 from headwater.config.model import HeadwaterConfig
 
@@ -56,6 +59,7 @@ class Failure(BaseModel):
     code: str | None = None
     reason: str
     transient: bool
+    stops: bool = False  # the destination is stopped, not retried (``stops_destination``)
 
 
 def classify(exc: BaseException) -> Failure:
@@ -69,25 +73,31 @@ def classify(exc: BaseException) -> Failure:
     from headwater.errors import HeadwaterError, TransientError
 
     if isinstance(exc, HeadwaterError):
-        return Failure(code=exc.code, reason=exc.message, transient=isinstance(exc, TransientError))
+        return Failure(
+            code=exc.code,
+            reason=exc.message,
+            transient=isinstance(exc, TransientError),
+            stops=exc.stops_destination,
+        )
     text = str(exc)
     code_match = _CODE.search(text)
     transient = bool(_TRANSIENT_CLASSES.search(text) or _CONNECTION.search(text))
-    if code_match and not transient:
-        transient = _is_transient_code(code_match.group(1))
-    reason = _reason(text, code_match.group(1) if code_match else None)
-    return Failure(
-        code=code_match.group(1) if code_match else None, reason=reason, transient=transient
-    )
+    code = code_match.group(1) if code_match else None
+    if code and not transient:
+        transient = any(c.code == code for c in _errors(TransientError))
+    stops = bool(code) and any(c.code == code and c.stops_destination for c in _errors())
+    reason = _reason(text, code)
+    return Failure(code=code, reason=reason, transient=transient, stops=stops)
 
 
-def _is_transient_code(code: str) -> bool:
-    from headwater.errors import TransientError
+def _errors(base: type[HeadwaterError] | None = None) -> list[type[HeadwaterError]]:
+    """``base`` (every headwater error by default) and its subclasses, as imported."""
+    from headwater.errors import HeadwaterError
 
-    def walk(cls: type) -> list[type]:
+    def walk(cls: type[HeadwaterError]) -> list[type[HeadwaterError]]:
         return [cls, *[c for sub in cls.__subclasses__() for c in walk(sub)]]
 
-    return any(getattr(c, "code", None) == code for c in walk(TransientError))
+    return walk(base or HeadwaterError)
 
 
 def _reason(text: str, code: str | None) -> str:

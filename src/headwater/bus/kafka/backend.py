@@ -360,18 +360,25 @@ class KafkaBus(Bus):
         return TopicInfo(metadata.topic, len(metadata.partitions), replicas)
 
     def _await_topic(self, name: str) -> TopicInfo:
-        """The topic once the cluster's metadata shows it (creation propagates to brokers)."""
+        """The topic once the cluster's metadata shows it with a leader for every partition
+        (creation propagates to brokers, then each partition elects its leader: a read before
+        that is refused with NOT_LEADER_FOR_PARTITION)."""
         deadline = time.monotonic() + self._timeout
         delay = 0.01
         while True:
-            try:
+            found = self._metadata().topics.get(name)
+            info = self._info(found)
+            if info is not None and all(
+                p.error is None and p.leader >= 0 for p in found.partitions.values()
+            ):
                 return self.topic(name)
-            except UnknownTopic:
-                if time.monotonic() + delay > deadline:
-                    raise BusUnavailable(
-                        f"topic {name!r} was created but is not in the metadata after "
-                        f"{self._timeout:.0f} s"
-                    ) from None
+            if time.monotonic() + delay > deadline:
+                what = (
+                    "is not in the metadata" if info is None else "has a partition with no leader"
+                )
+                raise BusUnavailable(
+                    f"topic {name!r} was created but {what} after {self._timeout:.0f} s"
+                )
             time.sleep(delay)  # back off between metadata requests, bounded by the deadline
             delay = min(delay * 2, 0.5)
 
