@@ -1,0 +1,1 @@
+"""PostgreSQL change data capture: a logical replication slot with ``pgoutput``."""
