@@ -46,6 +46,7 @@ class HttpDestination(Destination):
 
     def __init__(self, settings: HttpDeliveryConfig, root: Path) -> None:
         self.settings = settings
+        self.session_paths = tuple(settings.group_by)
         self.root = root
         self.dialect = DuckDBDialect()
         self._senders: dict[tuple[str, int, str], TaskSender] = {}

@@ -60,8 +60,6 @@ def session_frame(
 ) -> DataFrame:
     """The sink's frame for ``frame`` (records, or ranges of records when ``ranges`` is not
     None) with each session in one task, in log order."""
-    if not group_by:
-        return frame
     tasks = frame.sparkSession.sparkContext.defaultParallelism
     if ranges is not None:
         from headwater.pipeline.sink import ranges_frame

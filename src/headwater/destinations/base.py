@@ -117,6 +117,8 @@ class Destination(ABC):
     # carry ``SESSION_COLUMN`` and the source record (``RECORD_COLUMNS``, for the failed store),
     # and a task ends with ``finish_stage``
     delivers: bool = False
+    # JSON paths whose values make a row's session: the writer puts each session in one task
+    session_paths: tuple[str, ...] = ()
 
     @abstractmethod
     def table(self, name: str) -> TableSchema | None:

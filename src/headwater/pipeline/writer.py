@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from headwater.config.model import HeadwaterConfig
-from headwater.delivery.destination import HttpDestination
-from headwater.delivery.frame import session_frame
 from headwater.destinations import Destination, open_destination
 from headwater.destinations.base import StagedPart
 from headwater.errors import TransientError
@@ -114,8 +112,10 @@ class DestinationWriter:
             return
         with stats.phase("plan"):
             df, ranges = sink.task_frame(df)
-            if ranges != [] and isinstance(destination, HttpDestination):
-                df = session_frame(df, ranges, destination.settings.group_by)
+            if ranges != [] and destination.session_paths:
+                from headwater.delivery.frame import session_frame
+
+                df = session_frame(df, ranges, list(destination.session_paths))
         if ranges == []:  # nothing in the batch: record it, no job
             destination.commit_staged(self.dest.id, batch_id, [], {})
             self._done(stats)
