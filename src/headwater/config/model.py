@@ -10,6 +10,7 @@ from headwater.bus.config import BusConfig
 from headwater.collector.config import CollectorConfig
 from headwater.config.base import Section
 from headwater.pipeline.config import PipelineConfig
+from headwater.transport.config import TransportConfig
 from headwater.webhooks.config import WebhooksConfig
 
 
@@ -27,6 +28,10 @@ class HeadwaterConfig(Section):
     webhooks: WebhooksConfig = Field(
         default_factory=WebhooksConfig, description="The webhook transport (senders, receivers)."
     )
+    transport: TransportConfig = Field(
+        default_factory=TransportConfig,
+        description="Readers that bring other systems onto the log (PostgreSQL CDC, files, Kafka).",
+    )
 
     def log_dir(self) -> Path:
         """Where the embedded log lives."""
@@ -39,6 +44,10 @@ class HeadwaterConfig(Section):
     def webhooks_state_path(self) -> Path:
         """The embedded webhook state's file."""
         return self.webhooks.state.path or self.data_dir / "webhooks" / "state.sqlite"
+
+    def transport_dir(self, reader_id: str) -> Path:
+        """Where a transport reader keeps its state."""
+        return self.data_dir / "transport" / reader_id
 
     def warehouse_path(self) -> Path:
         """The default DuckDB warehouse file."""

@@ -15,6 +15,7 @@ from headwater.ops.log_cmds import log_group
 from headwater.ops.logs import setup_logging
 from headwater.ops.pipeline_cmds import pipeline_cmd
 from headwater.ops.sql_cmds import sql_cmd
+from headwater.ops.transport_cmds import transport_group
 from headwater.ops.up import Listen, run
 from headwater.ops.webhooks_cmds import webhooks_group
 
@@ -58,6 +59,7 @@ cli.add_command(failed_group)
 cli.add_command(pipeline_cmd)
 cli.add_command(sql_cmd)
 cli.add_command(webhooks_group)
+cli.add_command(transport_group)
 
 
 def _listen_options(f: Any) -> Any:

@@ -68,6 +68,7 @@ async def serve(
     pipeline: Pipeline | None = None
     store: StateStore | None = None
     workers: asyncio.Task[None] | None = None
+    readers: asyncio.Task[None] | None = None
     workers_stop = asyncio.Event()
     try:
         if config.bus.backend == "embedded":
@@ -112,6 +113,12 @@ async def serve(
             workers.add_done_callback(lambda _: stop.set())  # they end early only on an error
             names = ", ".join(r.name for r in config.webhooks.receivers)
             echo(f"headwater: webhook workers running (receivers: {names})")
+        if with_pipeline and config.transport.readers:
+            from headwater.transport.runner import Readers
+
+            transport = Readers(config, bus)
+            readers = asyncio.create_task(transport.run(workers_stop), name="transport")
+            echo(f"headwater: transport readers running ({', '.join(transport.names)})")
         if with_pipeline:
             from headwater.delivery.metrics import METRICS
 
@@ -130,6 +137,12 @@ async def serve(
                 await workers
             except Exception as e:
                 log.error("the webhook workers failed: %r", e)
+        if readers is not None:
+            workers_stop.set()
+            try:
+                await readers
+            except Exception as e:
+                log.error("the transport readers failed: %r", e)
         if store is not None:
             store.close()
         if pipeline is not None:

@@ -1,0 +1,164 @@
+"""``headwater transport`` as a process on the embedded log, with a PostgreSQL reader: /healthz,
+``transport status``, SIGTERM keeps everything read, and SIGKILLs at random moments while rows
+change lose nothing: for every row, the last message on the log is the row's last state."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from tests.transport.pg_source import drop_slots, execute, messages, wait_until
+
+from headwater.bus.embedded.backend import EmbeddedBus
+from headwater.ops.cli import cli
+from headwater.testing.collector import CollectorProcess
+from headwater.testing.postgres import PostgresService
+from headwater.transport.message import Op
+
+pytestmark = pytest.mark.slow
+ROLE = ("transport", "--port", "0")
+
+
+@pytest.fixture
+def dsn(postgres_service: PostgresService) -> Any:
+    dsn = postgres_service.fresh_database(f"role_{time.monotonic_ns()}")
+    yield dsn
+    drop_slots(dsn)
+
+
+def write_config(tmp_path: Path, dsn: str) -> Path:
+    doc = {
+        "data_dir": str(tmp_path / "data"),
+        "transport": {
+            "readers": [
+                {
+                    "id": "src",
+                    "type": "postgres",
+                    "dsn": dsn,
+                    "tables": ["t"],
+                    "slot": f"s_{dsn.rsplit('/', 1)[1]}",
+                    "partitions": 1,
+                    "heartbeat_s": 1,
+                }
+            ]
+        },
+    }
+    path = tmp_path / "headwater.yaml"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def last_states(log_dir: Path) -> dict[int, Any]:
+    """Each row's last state as the log tells it (None: deleted)."""
+    bus = EmbeddedBus(log_dir, read_only=True)
+    try:
+        out: dict[int, Any] = {}
+        for c, _ in messages(bus):
+            if c.op in (Op.READ, Op.INSERT, Op.UPDATE) and c.data:
+                out[c.data["id"]] = c.data["v"]
+            elif c.op == Op.DELETE and c.key:
+                out[c.key["id"]] = None
+        return out
+    finally:
+        bus.close()
+
+
+def test_role_status_and_sigterm(dsn: str, tmp_path: Path) -> None:
+    execute(dsn, "create table t (id int primary key, v int)", "insert into t values (1, 1)")
+    config = write_config(tmp_path, dsn)
+    p = CollectorProcess(config, tmp_path / "role.log", ROLE)
+    try:
+        p.wait_healthy()
+        status_file = tmp_path / "data" / "transport" / "src" / "status.json"
+        wait_until("streaming", lambda: '"phase": "sync"' in _text(status_file))
+        execute(dsn, "insert into t values (2, 2)")
+        wait_until("the insert acknowledged", lambda: '"changes": 1' in _text(status_file))
+        assert p.stop() == 0
+    finally:
+        p.close()
+    assert last_states(tmp_path / "data" / "log") == {1: 1, 2: 2}
+    result = CliRunner().invoke(cli, ["transport", "status", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "src" in result.output and ".public.t  sync" in result.output.replace("   ", "  ")
+    result = CliRunner().invoke(
+        cli, ["transport", "status", "--format", "json", "--config", str(config)]
+    )
+    body = json.loads(result.output)
+    assert body["id"] == "src" and body["running"] is False and body["position"]
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def test_sigkills_lose_nothing(dsn: str, tmp_path: Path) -> None:
+    execute(
+        dsn,
+        "create table t (id int primary key, v int)",
+        "insert into t select g, 0 from generate_series(1, 2000) g",
+    )
+    config = write_config(tmp_path, dsn)
+    stop = threading.Event()
+    rng = random.Random(12)
+
+    def change() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            n = 0
+            while not stop.is_set():
+                i = rng.randint(1, 2500)
+                if n % 7 == 0:
+                    c.execute("delete from t where id = %s", (i,))
+                else:
+                    c.execute(
+                        "insert into t values (%s, %s) on conflict (id) do update set v = %s",
+                        (i, n, n),
+                    )
+                n += 1
+
+    writer = threading.Thread(target=change, daemon=True)
+    writer.start()
+    try:
+        for kill in range(5):
+            p = CollectorProcess(config, tmp_path / f"role-{kill}.log", ROLE)
+            try:
+                p.wait_healthy()
+                stop.wait(rng.uniform(0.5, 2.5))  # a random moment (stop is not set here)
+                p.kill()
+            finally:
+                p.close()
+    finally:
+        stop.set()
+        writer.join(10)
+    p = CollectorProcess(config, tmp_path / "role-last.log", ROLE)
+    try:
+        p.wait_healthy()
+        with psycopg.connect(dsn) as c:
+            source = dict(c.execute("select id, v from t").fetchall())
+            c.execute("select pg_logical_emit_message(true, 'end', '')")  # a last position
+        with psycopg.connect(dsn) as c:
+            end = c.execute("select pg_current_wal_lsn() - '0/0'").fetchone()[0]
+
+        def caught_up() -> bool:
+            with psycopg.connect(dsn) as c:
+                row = c.execute(
+                    "select confirmed_flush_lsn - '0/0' from pg_replication_slots "
+                    "where database = current_database()"
+                ).fetchone()
+            return row is not None and row[0] >= end
+
+        wait_until("the reader caught up", caught_up, timeout=120)
+        assert p.stop() == 0
+    finally:
+        p.close()
+    states = {k: v for k, v in last_states(tmp_path / "data" / "log").items() if v is not None}
+    assert states == source
