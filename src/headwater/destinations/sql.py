@@ -17,12 +17,17 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from headwater.destinations.base import Column, Destination, TableSchema
-from headwater.destinations.batches import dedupe_last, schema_of, utc_timestamps
+from headwater.destinations.base import Column, Destination, StagedPart, TableSchema
+from headwater.destinations.batches import (
+    commit_with_ledger,
+    dedupe_last,
+    schema_of,
+    utc_timestamps,
+)
 from headwater.destinations.types import ColumnType
 from headwater.errors import HeadwaterError, TransientError
 
@@ -30,8 +35,10 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from headwater.destinations.dialect import Dialect
+    from headwater.transport.apply import ApplySql, MirrorTable
 
 LEDGER = "_headwater_batches"
+CHANGES_SOURCE = "_hw_apply"  # the temporary table of a batch's staged changes
 
 
 class TableChanged(TransientError):
@@ -217,6 +224,126 @@ class SqlDestination(Destination):
                     s.rollback()
                     raise
         return False  # unreachable
+
+    # -- apply: upsert (transport mirrors) ---------------------------------------------------
+    def apply_sql(self) -> ApplySql:
+        """The apply statements in this warehouse's dialect."""
+        raise NotImplementedError(f"{self.kind} destinations cannot mirror tables (apply: upsert)")
+
+    def _changes(self, s: Session, parts: Sequence[StagedPart], keep: bool = False) -> str:
+        """Make the temporary table ``CHANGES_SOURCE`` of the staged changes (in the open
+        transaction; ``keep``: beyond it, until dropped)."""
+        raise NotImplementedError(f"{self.kind} destinations cannot mirror tables (apply: upsert)")
+
+    def ensure_mirror(self, table: MirrorTable) -> TableSchema:
+        """Create the mirror table (the source's columns, typed for this warehouse, keyed as
+        the source) or add the columns it lacks."""
+        sql = self.apply_sql()
+        columns = {
+            c.name: Column(c.name, ColumnType.STRING, sql.target_type(c.source_type))
+            for c in table.columns
+        }
+        return self.ensure_table(TableSchema(table.name, columns, table.key))
+
+    def apply_changes(
+        self,
+        writer_id: str,
+        batch_id: int,
+        parts: Sequence[StagedPart],
+        tables: Sequence[MirrorTable],
+        one_by_one: bool = False,
+    ) -> bool:
+        """Apply the staged changes to their tables and record the batch, in one transaction
+        (False: the batch was recorded before; nothing applied). The staging is removed."""
+        sql = self.apply_sql()
+        with self._using() as s:
+
+            def move() -> None:
+                if not parts:
+                    return
+                self._changes(s, parts)
+                for t in tables:
+                    for statement in sql.statements(CHANGES_SOURCE, t):
+                        s.execute(statement)
+                s.execute(f"DROP TABLE {CHANGES_SOURCE}")
+
+            done = commit_with_ledger(s, writer_id, batch_id, move, lambda: None)
+        self.discard_staged(writer_id, batch_id, parts)
+        return done
+
+    def apply_isolated(
+        self,
+        writer_id: str,
+        batch_id: int,
+        parts: Sequence[StagedPart],
+        tables: Sequence[MirrorTable],
+    ) -> list[dict[str, Any]]:
+        """Apply the staged changes in order, a group per transaction: a group that fails is
+        split in halves until each bad change is alone. Returns the bad changes (``topic``,
+        ``part``, ``offset``, ``code``, ``reason``); records the batch. Applying a prefix of
+        the changes again (a crash in between) converges to the same tables."""
+        sql = self.apply_sql()
+        failed: list[dict[str, Any]] = []
+        numbered = f"{CHANGES_SOURCE}_n"
+        with self._using() as s:
+            s.begin()
+            try:
+                self._changes(s, parts, keep=True)
+                s.execute(
+                    f"CREATE TEMP TABLE {numbered} AS SELECT *, row_number() OVER "
+                    f"(ORDER BY part, _hw_order) AS _hw_rn FROM {CHANGES_SOURCE}"
+                )
+                n = int(s.execute(f"SELECT count(*) FROM {numbered}")[0][0])
+                s.commit()
+            except BaseException:
+                s.rollback()
+                raise
+
+            def group(first: int, last: int) -> None:
+                one = f"{CHANGES_SOURCE}_g"
+                s.begin()
+                try:
+                    s.execute(
+                        f"CREATE TEMP TABLE {one} AS SELECT * FROM {numbered} "
+                        f"WHERE _hw_rn BETWEEN {first} AND {last}"
+                    )
+                    for t in tables:
+                        for statement in sql.statements(one, t):
+                            s.execute(statement)
+                    s.execute(f"DROP TABLE {one}")
+                    s.commit()
+                    return
+                except Exception as exc:
+                    s.rollback()
+                    error = self.classify(exc) if not isinstance(exc, HeadwaterError) else exc
+                    if isinstance(error, TransientError):
+                        raise error from exc
+                    if first == last:
+                        rows = s.execute(
+                            f"SELECT topic, part, _hw_order FROM {numbered} WHERE _hw_rn = {first}"
+                        )
+                        topic, part, offset = rows[0]
+                        failed.append(
+                            {
+                                "topic": topic,
+                                "part": int(part),
+                                "offset": int(offset),
+                                "code": getattr(error, "code", "HW-DST-001"),
+                                "reason": str(exc).strip(),
+                            }
+                        )
+                        return
+                middle = (first + last) // 2
+                group(first, middle)
+                group(middle + 1, last)
+
+            if n:
+                group(1, n)
+            for name in (numbered, CHANGES_SOURCE):
+                s.execute(f"DROP TABLE IF EXISTS {name}")
+            commit_with_ledger(s, writer_id, batch_id, lambda: None, lambda: None)
+        self.discard_staged(writer_id, batch_id, parts)
+        return failed
 
     def committed(self, writer_id: str) -> int | None:
         with self._using() as s:

@@ -21,6 +21,9 @@ DESTINATION_TYPES = (
     "snowflake",
     "bigquery",
 )
+MIRROR_TYPES = ("duckdb", "postgres")  # destinations that can apply: upsert
+DEFAULT_TOPIC_PATTERN = r"events-.*|clickstream-.*"
+MIRROR_TOPIC_PATTERN = r"cdc\..*"  # the transport readers' default topics
 _ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
@@ -79,8 +82,9 @@ class DestinationConfig(Section):
     )
     topics: list[str] | None = Field(None, description="Topics to read, by name.")
     topic_pattern: str = Field(
-        r"events-.*|clickstream-.*",
-        description="Regex over topic names to read, used when topics is not given.",
+        DEFAULT_TOPIC_PATTERN,
+        description="Regex over topic names to read, used when topics is not given (apply: "
+        "upsert reads the transport's topics, cdc\\..*, by default).",
     )
     table_name_template: str = Field(
         "events",
@@ -105,6 +109,31 @@ class DestinationConfig(Section):
         description="Settings particular to the destination type (http: url, format, group_by, "
         "...; see docs/delivery.md).",
     )
+    apply: Literal["append", "upsert"] = Field(
+        "append",
+        description="append: events become rows; upsert: transport changes are applied so "
+        "that each table mirrors its source (duckdb, postgres; docs/transport.md).",
+    )
+    namespace: str = Field(
+        ".*", description="apply: upsert: a regex over the namespaces (db.schema.table) taken."
+    )
+    mirror_table: str = Field(
+        "{table}",
+        description="apply: upsert: the table of a namespace, with {database}, {schema}, {table}.",
+    )
+    on_error: Literal["isolate", "stop"] = Field(
+        "isolate",
+        description="apply: upsert, when a batch fails: isolate applies it change by change and "
+        "fails only the bad ones; stop stops the destination at its last committed batch.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mirror_topics(cls, data: Any) -> Any:
+        """A mirror reads the transport's topics unless told otherwise."""
+        if isinstance(data, dict) and data.get("apply") == "upsert" and "topic_pattern" not in data:
+            return {**data, "topic_pattern": MIRROR_TOPIC_PATTERN}
+        return data
 
     @field_validator("id")
     @classmethod
@@ -122,7 +151,7 @@ class DestinationConfig(Section):
             )
         return v
 
-    @field_validator("topic_pattern")
+    @field_validator("topic_pattern", "namespace")
     @classmethod
     def _pattern(cls, v: str) -> str:
         try:
@@ -137,6 +166,10 @@ class DestinationConfig(Section):
             raise ValueError("a postgres destination needs dsn")
         if self.type in ("redshift", "snowflake", "bigquery") and not self.dsn:
             raise ValueError(f"a {self.type} destination needs dsn")
+        if self.apply == "upsert" and self.type not in MIRROR_TYPES:
+            raise ValueError(
+                f"apply: upsert needs a {' or '.join(MIRROR_TYPES)} destination, not {self.type}"
+            )
         if self.type == "http":
             from headwater.delivery.config import HttpDeliveryConfig
 

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
+    from headwater.transport.mirror import MirrorWriter
+
+    BatchWriter = DestinationWriter | MirrorWriter
+
 log = logging.getLogger(__name__)
 
 
@@ -66,6 +70,16 @@ def source_frame(
     return main.unionByName(replayed)
 
 
+def writer_for(config: HeadwaterConfig, dest: DestinationConfig) -> BatchWriter:
+    """The ``foreachBatch`` function of a destination: events to rows, or (``apply:
+    upsert``) transport changes applied to mirror tables."""
+    if dest.apply == "upsert":
+        from headwater.transport.mirror import MirrorWriter
+
+        return MirrorWriter(config, dest)
+    return DestinationWriter(config, dest)
+
+
 def sources_in(checkpoint: Path) -> int | None:
     """How many sources a streaming query's checkpoint has offsets for (None: no batch yet).
     Spark's offset log (``offsets/<batch>``) holds a version line, a metadata line and a line
@@ -82,7 +96,7 @@ def sources_in(checkpoint: Path) -> int | None:
 @dataclass
 class DestinationQuery:
     dest: DestinationConfig
-    writer: DestinationWriter
+    writer: BatchWriter
     query: StreamingQuery | None = None
     runs: int = 0
     error: BaseException | None = None
@@ -125,7 +139,7 @@ class Pipeline:
                     f"(configured: {', '.join(sorted(known)) or 'none'})"
                 )
             chosen = [d for d in chosen if d.id in destinations]
-        self.queries = [DestinationQuery(d, DestinationWriter(config, d)) for d in chosen]
+        self.queries = [DestinationQuery(d, writer_for(config, d)) for d in chosen]
         self.status = StatusBoard(config, [(d.id, d.mode) for d in chosen])
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -265,7 +279,7 @@ class Pipeline:
             q.writer.close()
         except Exception:
             log.debug("destination %s: closing the failed writer", q.dest.id, exc_info=True)
-        q.writer = DestinationWriter(self.config, q.dest)
+        q.writer = writer_for(self.config, q.dest)
         q.stale = False
 
     def failed(self) -> list[tuple[str, BaseException]]:

@@ -37,13 +37,20 @@ from headwater.destinations.batches import (
     staged_paths,
 )
 from headwater.destinations.duckdb.dialect import DuckDBDialect
-from headwater.destinations.sql import LEDGER, Session, SqlDestination, TableChanged
+from headwater.destinations.sql import (
+    CHANGES_SOURCE,
+    LEDGER,
+    Session,
+    SqlDestination,
+    TableChanged,
+)
 from headwater.errors import HeadwaterError
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from headwater.pipeline.config import DestinationConfig
+    from headwater.transport.apply import ApplySql
 
 LEDGER_SQL = [
     f"CREATE TABLE IF NOT EXISTS {LEDGER} (writer_id VARCHAR, batch_id BIGINT, "
@@ -239,6 +246,16 @@ class DuckDBDestination(SqlDestination):
 
     def discard_staged(self, writer_id: str, batch_id: int, parts: Sequence[StagedPart]) -> None:
         remove_files(parts)
+
+    def apply_sql(self) -> ApplySql:
+        from headwater.transport.apply import DuckDBApply
+
+        return DuckDBApply()
+
+    def _changes(self, s: Session, parts: Sequence[StagedPart], keep: bool = False) -> str:
+        files = ", ".join("'" + p.replace("'", "''") + "'" for p in staged_paths(parts))
+        s.execute(f"CREATE TEMP TABLE {CHANGES_SOURCE} AS SELECT * FROM read_parquet([{files}])")
+        return CHANGES_SOURCE
 
     def clean_staging(self, writer_id: str) -> None:
         remove_writer_staging(self.staging, writer_id)

@@ -47,13 +47,20 @@ from headwater.destinations.batches import (
     with_order,
 )
 from headwater.destinations.postgres.dialect import PostgresDialect
-from headwater.destinations.sql import LEDGER, Session, SqlDestination, TableChanged
+from headwater.destinations.sql import (
+    CHANGES_SOURCE,
+    LEDGER,
+    Session,
+    SqlDestination,
+    TableChanged,
+)
 from headwater.errors import HeadwaterError
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from headwater.pipeline.config import DestinationConfig
+    from headwater.transport.apply import ApplySql
 
 LEDGER_SQL = [
     f"CREATE TABLE IF NOT EXISTS {LEDGER} (writer_id text, batch_id bigint, "
@@ -356,6 +363,18 @@ class PostgresDestination(SqlDestination):
 
     def discard_staged(self, writer_id: str, batch_id: int, parts: Sequence[StagedPart]) -> None:
         self._drop([p.ref for p in parts])
+
+    def apply_sql(self) -> ApplySql:
+        from headwater.transport.apply import PostgresApply
+
+        return PostgresApply()
+
+    def _changes(self, s: Session, parts: Sequence[StagedPart], keep: bool = False) -> str:
+        source = " UNION ALL ".join(f"SELECT * FROM {staged(p.ref)}" for p in parts)
+        scope = "" if keep else " ON COMMIT DROP"
+        s.execute(f"CREATE TEMP TABLE {CHANGES_SOURCE}{scope} AS {source}")
+        s.execute(f"ANALYZE {CHANGES_SOURCE}")
+        return CHANGES_SOURCE
 
     def clean_staging(self, writer_id: str) -> None:
         prefix = staging_prefix(writer_id)

@@ -1,0 +1,242 @@
+"""``apply: upsert``: a batch of transport changes applied to a SQL table so that it ends equal
+to the source table.
+
+The changes of a micro-batch are staged as rows of ``CHANGES`` (one per message: namespace, op,
+key and data as JSON text, the columns left unchanged, the log partition and offset). For each
+namespace the apply runs, in the transaction that records the batch:
+
+1. a ``truncate`` in the batch deletes every row of the table, and only the changes after it
+   (per partition: a truncate is on every partition) are applied;
+2. per key, the last change decides: ``delete`` deletes the row; ``read``/``insert``/``update``
+   write it (an upsert on the key). Each column's value is the one of the last change that
+   carried it: a column an update left unchanged (a TOASTed value PostgreSQL did not send) keeps
+   the value of an earlier change in the batch, else the table's own (it is never set to NULL);
+3. a table without a key only appends its inserts.
+
+Values come as JSON text (see ``headwater.transport.postgres.values``) and are typed again by
+the source column's SQL type: the dialect names the target type and the cast.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+ORDER = "_hw_order"
+CHANGES = pa.schema(
+    [
+        ("namespace", pa.string()),
+        ("op", pa.string()),
+        ("key", pa.string()),
+        ("data", pa.string()),
+        ("unchanged", pa.string()),
+        ("topic", pa.string()),
+        ("part", pa.int64()),
+        (ORDER, pa.int64()),
+    ]
+)
+CHANGES_TABLE = "_hw_changes"  # the staged table's name (a StagedPart's table)
+ROW_OPS = ("read", "insert", "update")
+
+
+@dataclass(frozen=True)
+class MirrorColumn:
+    name: str
+    source_type: str  # the source's SQL type, as PostgreSQL's format_type() writes it
+    key: bool = False
+
+
+@dataclass(frozen=True)
+class MirrorTable:
+    namespace: str
+    name: str  # the target table
+    columns: tuple[MirrorColumn, ...]
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns if c.key)
+
+    @classmethod
+    def from_schema(cls, namespace: str, name: str, columns: list[dict[str, Any]]) -> MirrorTable:
+        """From a schema message's ``columns``."""
+        return cls(
+            namespace,
+            name,
+            tuple(MirrorColumn(str(c["name"]), str(c["type"]), bool(c["key"])) for c in columns),
+        )
+
+
+def q(ident: str) -> str:
+    return '"' + ident.replace('"', '""') + '"'
+
+
+def lit(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+class ApplySql(ABC):
+    """The statements of an apply in one SQL dialect."""
+
+    @abstractmethod
+    def target_type(self, source_type: str) -> str:
+        """The column type of the mirror for a source column's SQL type."""
+
+    @abstractmethod
+    def field(self, json_text: str, name: str) -> str:
+        """SQL of a JSON object's member ``name`` as text (JSON text for arrays/objects)."""
+
+    @abstractmethod
+    def has(self, json_list: str, name: str) -> str:
+        """SQL: true when the JSON list of names ``json_list`` (maybe NULL) holds ``name``."""
+
+    @abstractmethod
+    def typed(self, text: str, source_type: str) -> str:
+        """SQL of the text value ``text`` as the mirror's type for ``source_type``."""
+
+    def statements(self, source: str, t: MirrorTable) -> list[str]:
+        """The statements that apply the namespace's changes in ``source`` (a relation with
+        the ``CHANGES`` columns) to table ``t``."""
+        table = q(t.name)
+        ns = lit(t.namespace)
+        cut = (
+            f"SELECT part, max({ORDER}) AS cut FROM {source} "
+            f"WHERE namespace = {ns} AND op = 'truncate' GROUP BY part"
+        )
+        mine = (
+            f"SELECT s.* FROM {source} s LEFT JOIN ({cut}) c ON c.part = s.part "
+            f"WHERE s.namespace = {ns} AND s.op IN ('read', 'insert', 'update', 'delete') "
+            f"AND (c.cut IS NULL OR s.{ORDER} > c.cut)"
+        )
+        out = [
+            f"DELETE FROM {table} WHERE EXISTS (SELECT 1 FROM {source} "
+            f"WHERE namespace = {ns} AND op = 'truncate')"
+        ]
+        names = ", ".join(q(c.name) for c in t.columns)
+        if not t.key:
+            values = ", ".join(
+                self.typed(self.field("data", c.name), c.source_type) for c in t.columns
+            )
+            out.append(
+                f"INSERT INTO {table} ({names}) SELECT {values} FROM ({mine}) m "
+                f"WHERE op IN ('read', 'insert') ORDER BY part, {ORDER}"
+            )
+            return out
+        last = self._last(mine, t)
+        key_match = " AND ".join(
+            f"t.{q(k)} = {self.typed(self.field('l.key', k), self._type(t, k))}" for k in t.key
+        )
+        out.append(
+            f"DELETE FROM {table} t WHERE EXISTS (SELECT 1 FROM ({last}) l "
+            f"WHERE l.op = 'delete' AND {key_match})"
+        )
+        values = ", ".join(
+            f"CASE WHEN l.{q('set:' + c.name)} THEN {self.typed(f'l.{q(c.name)}', c.source_type)}"
+            f" ELSE t.{q(c.name)} END"
+            for c in t.columns
+        )
+        keys = ", ".join(q(k) for k in t.key)
+        updates = ", ".join(f"{q(c.name)} = excluded.{q(c.name)}" for c in t.columns if not c.key)
+        conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+        out.append(
+            f"INSERT INTO {table} ({names}) SELECT {values} FROM ({last}) l "
+            f"LEFT JOIN {table} t ON {key_match} WHERE l.op <> 'delete' "
+            f"ON CONFLICT ({keys}) {conflict}"
+        )
+        return out
+
+    def _type(self, t: MirrorTable, name: str) -> str:
+        return next(c.source_type for c in t.columns if c.name == name)
+
+    def _last(self, mine: str, t: MirrorTable) -> str:
+        """Per key: the last op, each column's last value carried and whether one was."""
+        picks = [f"(array_agg(op ORDER BY {ORDER} DESC))[1] AS op"]
+        for c in t.columns:
+            carried = f"data IS NOT NULL AND NOT coalesce({self.has('unchanged', c.name)}, false)"
+            picks.append(
+                f"(array_agg({self.field('data', c.name)} ORDER BY {ORDER} DESC) "
+                f"FILTER (WHERE {carried}))[1] AS {q(c.name)}"
+            )
+            picks.append(f"count(*) FILTER (WHERE {carried}) > 0 AS {q('set:' + c.name)}")
+        return f"SELECT key, {', '.join(picks)} FROM ({mine}) m GROUP BY key"
+
+
+_DUCK_TYPES = {
+    "smallint": "SMALLINT",
+    "integer": "INTEGER",
+    "bigint": "BIGINT",
+    "real": "REAL",
+    "double precision": "DOUBLE",
+    "boolean": "BOOLEAN",
+    "text": "VARCHAR",
+    "date": "DATE",
+    "timestamp without time zone": "TIMESTAMP",
+    "timestamp with time zone": "TIMESTAMPTZ",
+    "time without time zone": "TIME",
+    "uuid": "UUID",
+    "json": "JSON",
+    "jsonb": "JSON",
+    "bytea": "BLOB",
+    "interval": "INTERVAL",
+}
+_PRECISION = re.compile(r"\(\d+\)")
+_NUMERIC = re.compile(r"numeric\((\d+),(\d+)\)")
+
+
+class DuckDBApply(ApplySql):
+    def target_type(self, source_type: str) -> str:
+        if source_type.endswith("[]"):
+            return self.target_type(source_type[:-2]) + "[]"
+        m = _NUMERIC.fullmatch(source_type)
+        if m:  # DuckDB's DECIMAL holds 38 digits; wider numbers stay exact as text
+            return f"DECIMAL({m[1]},{m[2]})" if int(m[1]) <= 38 else "VARCHAR"
+        return _DUCK_TYPES.get(_PRECISION.sub("", source_type), "VARCHAR")
+
+    def field(self, json_text: str, name: str) -> str:
+        pointer = "/" + name.replace("~", "~0").replace("/", "~1")
+        return f"json_extract_string({json_text}, {lit(pointer)})"
+
+    def has(self, json_list: str, name: str) -> str:
+        return f"json_contains({json_list}, {lit(_json_string(name))})"
+
+    def typed(self, text: str, source_type: str) -> str:
+        target = self.target_type(source_type)
+        if target == "BLOB":
+            return f"from_base64({text})"
+        if target.endswith("[]"):
+            return f"CAST(CAST({text} AS JSON) AS {target})"
+        return text if target == "VARCHAR" else f"CAST({text} AS {target})"
+
+
+class PostgresApply(ApplySql):
+    """A PostgreSQL mirror keeps the source's types."""
+
+    def target_type(self, source_type: str) -> str:
+        return source_type
+
+    def field(self, json_text: str, name: str) -> str:
+        return f"(CAST({json_text} AS jsonb) ->> {lit(name)})"
+
+    def has(self, json_list: str, name: str) -> str:
+        return f"(CAST({json_list} AS jsonb) ? {lit(name)})"
+
+    def typed(self, text: str, source_type: str) -> str:
+        if source_type == "bytea":
+            return f"decode({text}, 'base64')"
+        if source_type.endswith("[]"):
+            element = source_type[:-2]
+            elements = f"jsonb_array_elements_text(CAST({text} AS jsonb))"
+            return (
+                f"CASE WHEN {text} IS NULL THEN NULL ELSE "
+                f"CAST(ARRAY(SELECT CAST(e AS {element}) FROM {elements} e) AS {source_type}) END"
+            )
+        return f"CAST({text} AS {source_type})"
+
+
+def _json_string(text: str) -> str:
+    import json
+
+    return json.dumps(text)

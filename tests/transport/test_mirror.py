@@ -1,0 +1,259 @@
+"""Mirrors (``apply: upsert``): a PostgreSQL table read by the CDC reader onto the embedded log,
+then applied by the pipeline into DuckDB and into another PostgreSQL database, which end equal
+to the source row for row and column for column; a bad change among many is isolated; with
+``on_error: stop`` the destination stays at its last committed batch."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import time
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import psycopg
+import pytest
+from tests.transport.pg_source import (
+    drop_slots,
+    execute,
+    messages,
+    reader_config,
+    running,
+    wait_until,
+)
+
+from headwater.bus.embedded.backend import EmbeddedBus
+from headwater.config.model import HeadwaterConfig
+from headwater.pipeline.failed import FailedStore
+from headwater.pipeline.runner import Pipeline
+from headwater.testing.postgres import PostgresService
+from headwater.transport.message import Change, Mode, Op, encode
+
+pytestmark = pytest.mark.slow
+
+TABLE = """create table kinds (
+    id bigint primary key, n numeric(12, 2), ts timestamptz, j jsonb, ints int[], b bytea,
+    u uuid, f float8, ok boolean, note text)"""
+COLUMNS = "id, n, ts, j, ints, b, u, f, ok, note"
+
+
+@pytest.fixture
+def source(postgres_service: PostgresService) -> Iterator[str]:
+    dsn = postgres_service.fresh_database(f"src_{time.monotonic_ns()}")
+    yield dsn
+    drop_slots(dsn)
+
+
+@pytest.fixture
+def target(postgres_service: PostgresService) -> str:
+    return postgres_service.fresh_database(f"dst_{time.monotonic_ns()}")
+
+
+def config_for(tmp_path: Path, target: str, **dest: Any) -> HeadwaterConfig:
+    common = {"apply": "upsert", "topic_pattern": r"cdc\..*", **dest}
+    return HeadwaterConfig.model_validate(
+        {
+            "data_dir": str(tmp_path / "data"),
+            "bus": {"embedded": {"durability": "never"}},
+            "pipeline": {
+                "destinations": [
+                    {"id": "duck", "type": "duckdb", "path": str(tmp_path / "m.duckdb"), **common},
+                    {"id": "pg", "type": "postgres", "dsn": target, **common},
+                ]
+            },
+        }
+    )
+
+
+def read_into_log(dsn: str, log_dir: Path, state: Path, until: int) -> None:
+    """Run the reader until the log holds ``until`` changes (reads, inserts, ...)."""
+    bus = EmbeddedBus(log_dir)
+    try:
+        with running(reader_config(dsn, partitions=2), bus, state):
+            wait_until(
+                f"{until} changes",
+                lambda: (
+                    sum(c.op not in (Op.SCHEMA, Op.COMPLETE) for c, _ in messages(bus)) >= until
+                ),
+            )
+    finally:
+        bus.close()
+
+
+def norm(v: Any) -> Any:
+    """A value as both sides can be compared on."""
+    if isinstance(v, float) and math.isnan(v):
+        return "NaN"
+    if isinstance(v, Decimal):
+        return str(v)
+    if isinstance(v, dict | list) and not (
+        isinstance(v, list) and all(isinstance(x, int | None) for x in v)
+    ):
+        return json.dumps(v, sort_keys=True)
+    if isinstance(v, str) and v[:1] in "{[":
+        try:
+            return json.dumps(json.loads(v), sort_keys=True)
+        except ValueError:
+            return v
+    if isinstance(v, memoryview):
+        return bytes(v)
+    if isinstance(v, uuid.UUID):
+        return str(v)
+    return v
+
+
+def table_rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return sorted(tuple(norm(v) for v in r) for r in rows)
+
+
+def source_rows(dsn: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as c:
+        return table_rows(c.execute(f"select {COLUMNS} from kinds").fetchall())
+
+
+def duck_rows(path: Path) -> list[tuple[Any, ...]]:
+    with duckdb.connect(str(path), read_only=True) as c:
+        return table_rows(c.execute(f"select {COLUMNS} from kinds").fetchall())
+
+
+def row_sql(i: int) -> str:
+    blob = base64.b64encode(bytes([i % 256, 0, 255])).decode()
+    f = "'NaN'" if i % 10 == 0 else i / 3
+    return (
+        f"({i}, {i}.25, '2024-01-01 00:00:00+00'::timestamptz + interval '{i} seconds', "
+        f"'{{\"i\": {i}, \"tags\": [\"a\", null]}}', '{{{i},NULL}}', decode('{blob}', 'base64'), "
+        f"gen_random_uuid(), {f}, {str(i % 2 == 0).lower()}, "
+        f"{'NULL' if i % 5 == 0 else repr('note ' + str(i))})"
+    )
+
+
+def test_a_table_is_mirrored_into_duckdb_and_postgres(
+    spark: Any, source: str, target: str, tmp_path: Path
+) -> None:
+    execute(
+        source, TABLE, f"insert into kinds values {', '.join(row_sql(i) for i in range(1, 201))}"
+    )
+    config = config_for(tmp_path, target)
+    state = tmp_path / "state"
+    read_into_log(source, config.log_dir(), state, 200)
+    execute(
+        source,
+        f"insert into kinds values {', '.join(row_sql(i) for i in range(201, 301))}",
+        "update kinds set note = 'changed', n = n + 1 where id % 3 = 0",
+        "update kinds set id = id + 10000 where id = 7",
+        "delete from kinds where id % 4 = 0",
+        "alter table kinds add column extra text",
+        "update kinds set extra = 'x' || id where id < 50",
+    )
+    changes = 100 + 100 + 2 + 75 + 36  # inserts, updates, the key change (delete + update), ...
+    read_into_log(source, config.log_dir(), state, 200 + changes)
+    pipeline = Pipeline(config, spark)
+    pipeline.run_once()
+    for q in pipeline.queries:
+        q.writer.close()
+    expected = source_rows(source)
+    assert len(expected) == 300 - 75 and duck_rows(tmp_path / "m.duckdb") == expected
+    assert source_rows(target) == expected
+    with duckdb.connect(str(tmp_path / "m.duckdb"), read_only=True) as c:
+        extra = dict(c.execute("select id, extra from kinds where extra is not null").fetchall())
+    assert extra == {i: f"x{i}" for i in range(1, 50) if i % 4 and i != 7}
+
+
+def test_truncate_and_toast(spark: Any, source: str, target: str, tmp_path: Path) -> None:
+    execute(
+        source,
+        "create table docs (id int primary key, title text, body text)",
+        "alter table docs alter column body set storage external",
+        "insert into docs select g, 't' || g, repeat('x', 10000) || g "
+        "from generate_series(1, 20) g",
+    )
+    config = config_for(tmp_path, target)
+    state = tmp_path / "state"
+    read_into_log(source, config.log_dir(), state, 20)
+    Pipeline(config, spark).run_once()
+    execute(
+        source,
+        "update docs set title = 'new' where id <= 10",  # body unchanged: not sent
+        "truncate docs",
+        "insert into docs select g, 'again', repeat('y', 9000) from generate_series(1, 5) g",
+        "update docs set title = 'newer' where id = 1",
+    )
+    read_into_log(source, config.log_dir(), state, 20 + 10 + 1 + 5 + 1)
+    pipeline = Pipeline(config, spark)
+    pipeline.run_once()
+    for q in pipeline.queries:
+        q.writer.close()
+    with psycopg.connect(source) as c:
+        expected = sorted(c.execute("select id, title, body from docs").fetchall())
+    with duckdb.connect(str(tmp_path / "m.duckdb"), read_only=True) as c:
+        assert sorted(c.execute("select id, title, body from docs").fetchall()) == expected
+    with psycopg.connect(target) as c:
+        assert sorted(c.execute("select id, title, body from docs").fetchall()) == expected
+
+
+def poison(log_dir: Path, topic: str, ids: list[int]) -> None:
+    """Changes no warehouse can take (a numeric column given a word)."""
+    bus = EmbeddedBus(log_dir)
+    try:
+        ns = next(c.namespace for c, _ in messages(bus) if c.op == Op.SCHEMA)
+        bad = [
+            encode(Change(Op.INSERT, ns, 1, {"id": i, "n": "not a number"}, {"id": i}), Mode.SYNC)
+            for i in ids
+        ]
+        bus.append(topic, bad).result(30)
+    finally:
+        bus.close()
+
+
+def test_isolate_fails_only_the_bad_changes(
+    spark: Any, source: str, target: str, tmp_path: Path
+) -> None:
+    execute(source, "create table t (id int primary key, n numeric(6,2))")
+    execute(source, "insert into t select g, g / 100.0 from generate_series(1, 10000) g")
+    config = config_for(tmp_path, target)
+    state = tmp_path / "state"
+    read_into_log(source, config.log_dir(), state, 10000)
+    bus = EmbeddedBus(config.log_dir(), read_only=True)
+    topic = next(t.name for t in bus.topics() if t.name.startswith("cdc."))
+    bus.close()
+    poison(config.log_dir(), topic, [20001, 20002, 20003])
+    pipeline = Pipeline(config, spark)
+    pipeline.run_once()
+    for q in pipeline.queries:
+        q.writer.close()
+    with duckdb.connect(str(tmp_path / "m.duckdb"), read_only=True) as c:
+        assert c.execute("select count(*), min(id), max(id) from t").fetchone() == (10000, 1, 10000)
+    with psycopg.connect(target) as c:
+        assert c.execute("select count(*) from t").fetchone() == (10000,)
+    failed = FailedStore(config).events()
+    assert sorted((f.destination, json.loads(f.value)["key"]["id"]) for f in failed) == sorted(
+        (d, i) for d in ("duck", "pg") for i in (20001, 20002, 20003)
+    )
+    assert {f.step for f in failed} == {"apply"}
+
+
+def test_stop_mode_stays_at_the_last_batch(
+    spark: Any, source: str, target: str, tmp_path: Path
+) -> None:
+    execute(source, "create table t (id int primary key, n numeric(6,2))")
+    execute(source, "insert into t select g, 1 from generate_series(1, 10) g")
+    config = config_for(tmp_path, target, on_error="stop")
+    state = tmp_path / "state"
+    read_into_log(source, config.log_dir(), state, 10)
+    bus = EmbeddedBus(config.log_dir(), read_only=True)
+    topic = next(t.name for t in bus.topics() if t.name.startswith("cdc."))
+    bus.close()
+    poison(config.log_dir(), topic, [99])
+    pipeline = Pipeline(config, spark, ["duck"])
+    with pytest.raises(Exception, match="on_error: stop"):
+        pipeline.run_once()
+    for q in pipeline.queries:
+        q.writer.close()
+    with duckdb.connect(str(tmp_path / "m.duckdb")) as c:
+        tables = {r[0] for r in c.execute("show tables").fetchall()}
+        assert "t" not in tables or c.execute("select count(*) from t").fetchone() == (0,)
