@@ -12,13 +12,10 @@ mode, Spark ``local[2]``, the embedded log) and a real receiver in this process:
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from contextlib import closing
 from pathlib import Path
@@ -31,6 +28,8 @@ from headwater.bus import context, open_bus
 from headwater.bus.records import Message
 from headwater.config.model import HeadwaterConfig
 from headwater.testing.http_receiver import Batch, BatchReceiver, running_batch_receiver
+from headwater.testing.pipeline_process import start_pipeline as start_process
+from headwater.testing.pipeline_process import stop
 from headwater.testing.proc_tree import tree_rss
 from headwater.testing.webhooks import Reply
 
@@ -85,38 +84,7 @@ def append(config: HeadwaterConfig, start: int, count: int, users: int) -> None:
 
 
 def start_pipeline(tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "PYSPARK_PYTHON": sys.executable,
-        "PYTHONUNBUFFERED": "1",
-    }
-    command = [sys.executable, "-m", "headwater", "--config", str(tmp_path / "headwater.yaml")]
-    with (tmp_path / "pipeline.log").open("ab") as log:  # the child keeps its own descriptor
-        return subprocess.Popen(
-            [*command, "pipeline", *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-
-
-def stop(child: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
-    """SIGKILL: the whole process group, as a power cut would; SIGTERM: headwater's process
-    (it stops Spark itself), then whatever is left of the group."""
-    if sig == signal.SIGTERM and child.poll() is None:
-        child.send_signal(sig)
-        try:
-            child.wait(120)
-        except subprocess.TimeoutExpired:
-            raise AssertionError("SIGTERM did not stop the pipeline within 120 s") from None
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(child.pid, signal.SIGKILL)
-    child.wait(60)
+    return start_process(tmp_path / "headwater.yaml", tmp_path / "pipeline.log", *args)
 
 
 def delivered_numbers(receiver: BatchReceiver) -> list[int]:

@@ -257,3 +257,44 @@ def test_stop_mode_stays_at_the_last_batch(
     with duckdb.connect(str(tmp_path / "m.duckdb")) as c:
         tables = {r[0] for r in c.execute("show tables").fetchall()}
         assert "t" not in tables or c.execute("select count(*) from t").fetchone() == (0,)
+
+
+def test_functions_and_namespace_shape_the_mirror(
+    spark: Any, source: str, target: str, tmp_path: Path
+) -> None:
+    execute(
+        source,
+        "create table t (id int primary key, secret text, name text, status text, note text)",
+        "create table other (id int primary key)",
+        "insert into other values (1)",
+        "insert into t values (1, 's', 'a', 'paid', 'x'), (2, 's', 'b', 'open', 'y'), "
+        "(3, 's', 'c', 'void', 'z'), (4, 's', 'd', 'test', 'w'), (5, 's', 'e', 'gone', 'v')",
+    )
+    functions = [
+        {"name": "omit", "fields": ["secret"]},
+        {"name": "rename", "fields": {"name": "full_name"}},
+        {"name": "skip", "field": "data.status", "operator": "==", "match": "void"},
+        {"name": "filter", "expression": "op <> 'read' OR data['status'] <> 'gone'"},
+        {"name": "python", "function": "tests.transport.functions_sample:drop_tests"},
+        {"name": "python", "function": "tests.transport.functions_sample:shout"},
+    ]
+    config = config_for(tmp_path, target, namespace=r".*\.public\.t", functions=functions)
+    read_into_log(source, config.log_dir(), tmp_path / "state", 6)
+    pipeline = Pipeline(config, spark)
+    pipeline.run_once()
+    for q in pipeline.queries:
+        q.writer.close()
+    expected = [(1, "a", "paid", "X"), (2, "b", "open", "Y")]
+    with duckdb.connect(str(tmp_path / "m.duckdb"), read_only=True) as c:
+        assert c.execute("select * from t order by id").fetchall() == expected
+        names = [r[0] for r in c.execute("describe t").fetchall()]
+        assert names == ["id", "full_name", "status", "note"]
+        assert "other" not in {r[0] for r in c.execute("show tables").fetchall()}
+    with psycopg.connect(target) as c:
+        assert c.execute("select * from t order by id").fetchall() == expected
+    # the dropped messages count as processed: a second run has no batch to do
+    again = Pipeline(config, spark)
+    again.run_once()
+    for q in again.queries:
+        q.writer.close()
+        assert q.writer.batches == 0

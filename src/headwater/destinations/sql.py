@@ -263,7 +263,7 @@ class SqlDestination(Destination):
                     return
                 self._changes(s, parts)
                 for t in tables:
-                    for statement in sql.statements(CHANGES_SOURCE, t):
+                    for statement in sql.statements(CHANGES_SOURCE, t, writer_id):
                         s.execute(statement)
                 s.execute(f"DROP TABLE {CHANGES_SOURCE}")
 
@@ -308,7 +308,7 @@ class SqlDestination(Destination):
                         f"WHERE _hw_rn BETWEEN {first} AND {last}"
                     )
                     for t in tables:
-                        for statement in sql.statements(one, t):
+                        for statement in sql.statements(one, t, writer_id):
                             s.execute(statement)
                     s.execute(f"DROP TABLE {one}")
                     s.commit()

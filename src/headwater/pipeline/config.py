@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from headwater.config.base import Section
+from headwater.transport.functions import FunctionConfig
 
 DESTINATION_TYPES = (
     "duckdb",
@@ -116,6 +117,11 @@ class DestinationConfig(Section):
     )
     namespace: str = Field(
         ".*", description="apply: upsert: a regex over the namespaces (db.schema.table) taken."
+    )
+    functions: list[FunctionConfig] = Field(
+        default_factory=list,
+        description="apply: upsert: transform functions run on each message, in order (pick, "
+        "omit, rename, skip, filter, python; docs/transport.md).",
     )
     mirror_table: str = Field(
         "{table}",

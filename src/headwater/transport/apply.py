@@ -37,7 +37,13 @@ CHANGES = pa.schema(
         ("topic", pa.string()),
         ("part", pa.int64()),
         (ORDER, pa.int64()),
+        ("lsn", pa.int64()),  # the source's position, where it is ordered (PostgreSQL LSNs)
     ]
+)
+TRUNCATES = "_headwater_truncates"  # per writer and namespace: the last truncate applied
+TRUNCATES_SQL = (
+    f"CREATE TABLE IF NOT EXISTS {TRUNCATES} (writer_id text, namespace text, lsn bigint, "
+    "PRIMARY KEY (writer_id, namespace))"
 )
 CHANGES_TABLE = "_hw_changes"  # the staged table's name (a StagedPart's table)
 ROW_OPS = ("read", "insert", "update")
@@ -97,24 +103,41 @@ class ApplySql(ABC):
     def typed(self, text: str, source_type: str) -> str:
         """SQL of the text value ``text`` as the mirror's type for ``source_type``."""
 
-    def statements(self, source: str, t: MirrorTable) -> list[str]:
+    def statements(self, source: str, t: MirrorTable, writer_id: str) -> list[str]:
         """The statements that apply the namespace's changes in ``source`` (a relation with
-        the ``CHANGES`` columns) to table ``t``."""
+        the ``CHANGES`` columns) to table ``t``, for writer ``writer_id``.
+
+        A truncate is on every partition of the topic, and a batch may hold its copy in one
+        partition and not yet in another, so it is applied by its LSN: the first time a
+        truncate newer than the one recorded (``TRUNCATES``) is seen, the table is emptied and
+        its LSN recorded; from then on a change older than it (a late partition's) is skipped.
+        In a partition that holds the truncate in this batch, only the changes after it count
+        (that settles changes of the truncate's own transaction)."""
         table = q(t.name)
         ns = lit(t.namespace)
+        recorded = (
+            f"(SELECT max(lsn) FROM {TRUNCATES} WHERE writer_id = {lit(writer_id)} "
+            f"AND namespace = {ns})"
+        )
+        newest = f"(SELECT max(lsn) FROM {source} WHERE namespace = {ns} AND op = 'truncate')"
         cut = (
             f"SELECT part, max({ORDER}) AS cut FROM {source} "
             f"WHERE namespace = {ns} AND op = 'truncate' GROUP BY part"
         )
+        since = f"greatest(coalesce({recorded}, -1), coalesce({newest}, -1))"
         mine = (
             f"SELECT s.* FROM {source} s LEFT JOIN ({cut}) c ON c.part = s.part "
             f"WHERE s.namespace = {ns} AND s.op IN ('read', 'insert', 'update', 'delete') "
-            f"AND (c.cut IS NULL OR s.{ORDER} > c.cut)"
+            f"AND (c.cut IS NULL OR s.{ORDER} > c.cut) AND (s.lsn IS NULL OR s.lsn >= {since})"
         )
         out = [
-            f"DELETE FROM {table} WHERE EXISTS (SELECT 1 FROM {source} "
-            f"WHERE namespace = {ns} AND op = 'truncate')"
+            f"DELETE FROM {table} WHERE coalesce({newest}, -1) > coalesce({recorded}, -1)",
+            f"DELETE FROM {TRUNCATES} WHERE writer_id = {lit(writer_id)} AND namespace = {ns} "
+            f"AND {newest} IS NOT NULL AND lsn < {newest}",
+            f"INSERT INTO {TRUNCATES} SELECT {lit(writer_id)}, {ns}, {newest} "
+            f"WHERE {newest} IS NOT NULL AND coalesce({recorded}, -1) < {newest}",
         ]
+        # the statements above run in order: the table is emptied before the record moves
         names = ", ".join(q(c.name) for c in t.columns)
         if not t.key:
             values = ", ".join(
@@ -151,15 +174,18 @@ class ApplySql(ABC):
     def _type(self, t: MirrorTable, name: str) -> str:
         return next(c.source_type for c in t.columns if c.name == name)
 
+    def last(self, value: str, where: str | None = None) -> str:
+        """SQL aggregate: ``value`` of the group's row with the highest order (among those
+        ``where`` holds), NULL values included."""
+        only = f" FILTER (WHERE {where})" if where else ""
+        return f"(array_agg({value} ORDER BY {ORDER} DESC){only})[1]"
+
     def _last(self, mine: str, t: MirrorTable) -> str:
         """Per key: the last op, each column's last value carried and whether one was."""
-        picks = [f"(array_agg(op ORDER BY {ORDER} DESC))[1] AS op"]
+        picks = [f"{self.last('op')} AS op"]
         for c in t.columns:
             carried = f"data IS NOT NULL AND NOT coalesce({self.has('unchanged', c.name)}, false)"
-            picks.append(
-                f"(array_agg({self.field('data', c.name)} ORDER BY {ORDER} DESC) "
-                f"FILTER (WHERE {carried}))[1] AS {q(c.name)}"
-            )
+            picks.append(f"{self.last(self.field('data', c.name), carried)} AS {q(c.name)}")
             picks.append(f"count(*) FILTER (WHERE {carried}) > 0 AS {q('set:' + c.name)}")
         return f"SELECT key, {', '.join(picks)} FROM ({mine}) m GROUP BY key"
 
@@ -194,6 +220,11 @@ class DuckDBApply(ApplySql):
         if m:  # DuckDB's DECIMAL holds 38 digits; wider numbers stay exact as text
             return f"DECIMAL({m[1]},{m[2]})" if int(m[1]) <= 38 else "VARCHAR"
         return _DUCK_TYPES.get(_PRECISION.sub("", source_type), "VARCHAR")
+
+    def last(self, value: str, where: str | None = None) -> str:
+        # keeps one value per group, where array_agg would hold them all (large TOASTed texts)
+        order = f"CASE WHEN {where} THEN {ORDER} END" if where else ORDER
+        return f"arg_max_null({value}, {order})"
 
     def field(self, json_text: str, name: str) -> str:
         pointer = "/" + name.replace("~", "~0").replace("/", "~1")

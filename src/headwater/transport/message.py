@@ -27,10 +27,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 
 import orjson
 
+from headwater.bus.headers import PackedHeaders, pack_header
 from headwater.bus.records import Headers, Message, Record
 
 HEADER_MODE = "hw-mode"
@@ -98,17 +100,23 @@ def record_key(key: dict[str, Any] | None) -> bytes | None:
     return None if key is None else orjson.dumps(key, option=orjson.OPT_SORT_KEYS)
 
 
+@lru_cache(maxsize=4096)
+def headers(mode: Mode, op: Op, namespace: str) -> Headers:
+    """A record's headers, packed once per (mode, op, namespace) for the log."""
+    pairs = (
+        (HEADER_MODE, mode.value.encode()),
+        (HEADER_OP, op.value.encode()),
+        (HEADER_NAMESPACE, namespace.encode()),
+    )
+    return PackedHeaders.join(pairs, b"".join(pack_header(n, v) for n, v in pairs))
+
+
 def encode(change: Change, mode: Mode) -> Message:
     """The log record of ``change`` appended in ``mode``."""
-    headers: Headers = (
-        (HEADER_MODE, mode.value.encode()),
-        (HEADER_OP, change.op.value.encode()),
-        (HEADER_NAMESPACE, change.namespace.encode()),
-    )
     return Message(
         value=orjson.dumps(change.as_dict()),
         key=record_key(change.key),
-        headers=headers,
+        headers=headers(mode, change.op, change.namespace),
         timestamp=change.ts_ms,
     )
 

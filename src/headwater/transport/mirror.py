@@ -45,17 +45,17 @@ if TYPE_CHECKING:
     from headwater.destinations.sql import SqlDestination
 
 log = logging.getLogger(__name__)
-MIRROR_FAILED = "HW-TRN-001"  # a change the destination refused (isolate mode)
-NO_SCHEMA = "HW-TRN-002"  # changes of a namespace whose columns were never announced
 BAD_MESSAGE = "HW-TRN-003"  # a record that is not a transport message
+NO_SCHEMA = "HW-TRN-004"  # changes of a namespace whose columns were never announced
 APPLY_STEP = "apply"
 _OUT = "kind string, body string"
+_LSN = re.compile(r"[0-9A-F]{1,8}/[0-9A-F]{1,8}")
 
 
 class MirrorStopped(TerminalError):
     """``on_error: stop``: a batch failed; the destination stays at its last batch."""
 
-    code = "HW-TRN-004"
+    code = "HW-TRN-005"
 
 
 class NoSchema(TerminalError):
@@ -135,6 +135,8 @@ class MirrorWriter:
             self.last = stats
             return
         frame, ranges = sink.task_frame(df)
+        if ranges != [] and self.dest.functions:
+            frame = self._functions(frame)
         parts: list[StagedPart] = []
         present: dict[str, int] = {}
         bad: list[dict[str, Any]] = []
@@ -167,6 +169,16 @@ class MirrorWriter:
         stats.tables = [t.name for t in tables]
         stats.seconds = time.monotonic() - started
         self._done(stats)
+
+    def _functions(self, frame: DataFrame) -> DataFrame:
+        """The destination's namespace filter and functions over the batch's records (read by
+        the tasks when the frame is ranges of records)."""
+        from headwater.bus.layout import SCHEMA_DDL
+        from headwater.transport.functions import apply_to_frame
+
+        if "start" in frame.columns:
+            frame = frame.mapInArrow(partial(_records, self.config.model_dump_json()), SCHEMA_DDL)
+        return apply_to_frame(frame, self.dest.namespace, self.dest.functions)
 
     def _table(self, namespace: str) -> MirrorTable:
         columns = self.schemas.columns.get(namespace)
@@ -267,7 +279,6 @@ def _stage_task(
     columns: dict[str, list[Any]] = {name: [] for name in CHANGES.names}
     out: list[tuple[str, dict[str, Any]]] = []
     counts: dict[str, int] = {}
-    functions = _functions(dest)
     for rb in records(batches, config_json):
         for r in rb.to_pylist():
             headers = dict(r["headers"] or ())
@@ -281,10 +292,6 @@ def _stage_task(
                     raise ValueError("not a transport message (no op)")
                 if namespace is None and not taken.fullmatch(str(message.get("namespace"))):
                     continue
-                if functions is not None and message["op"] not in ("schema", "complete"):
-                    message = functions(message)
-                    if message is None:
-                        continue
             except Exception as exc:
                 out.append(("bad", {**where, "code": BAD_MESSAGE, "reason": str(exc)}))
                 continue
@@ -309,6 +316,7 @@ def _stage_task(
             columns["topic"].append(r["topic"])
             columns["part"].append(r["partition"])
             columns["_hw_order"].append(r["offset"])
+            columns["lsn"].append(_lsn(message.get("position")))
     if columns["op"]:
         table = pa.table(columns, schema=CHANGES)
         destination = destination_for(config_json, destination_id)
@@ -326,6 +334,16 @@ def _stage_task(
         )
 
 
-def _functions(dest: DestinationConfig) -> Any:
-    """The destination's chain of functions over one message, or None when it has none."""
+def _records(config_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """In a Spark task: the records of its ranges."""
+    from headwater.pipeline.sink import records
+
+    yield from records(batches, config_json)
+
+
+def _lsn(position: Any) -> int | None:
+    """A PostgreSQL position (``16/B374D848``) as a number; None for the others."""
+    if isinstance(position, str) and _LSN.fullmatch(position):
+        high, _, low = position.partition("/")
+        return (int(high, 16) << 32) | int(low, 16)
     return None

@@ -35,6 +35,7 @@ READERS = {
     "kafka": "headwater.transport.kafka.reader:KafkaReader",
 }
 ROW_OPS = frozenset({Op.READ, Op.INSERT, Op.UPDATE, Op.DELETE})
+STOP_WAIT_S = 30.0  # on stop, how long the last batch may take to become durable
 STATE_FILE = "state.json"
 STATUS_FILE = "status.json"
 
@@ -111,7 +112,10 @@ class Appender:
 
 
 def wait_durable(futures: Sequence[Future[Sequence[Position]]], stop: threading.Event) -> bool:
-    """Wait for every future; False if ``stop`` was set first. A failed append raises."""
+    """Wait for every future. Once ``stop`` is set, wait ``STOP_WAIT_S`` more at most (so that
+    the position of what was appended can still be saved); False when that ran out. A failed
+    append raises."""
+    deadline: float | None = None
     for f in futures:
         while True:
             try:
@@ -119,7 +123,9 @@ def wait_durable(futures: Sequence[Future[Sequence[Position]]], stop: threading.
                 break
             except TimeoutError:
                 if stop.is_set():
-                    return False
+                    deadline = deadline or time.monotonic() + STOP_WAIT_S
+                    if time.monotonic() >= deadline:
+                        return False
     return True
 
 

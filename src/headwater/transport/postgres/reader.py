@@ -218,7 +218,7 @@ class PostgresReader(Reader):
             for schema, name in tables:
                 if stop.is_set():
                     return
-                self._copy_table(conn, table(conn, schema, name), stop)
+                self._copy_table(conn, table(conn, schema, name), point, stop)
                 if stop.is_set():
                     return
                 namespace = self._namespace(schema, name)
@@ -234,12 +234,13 @@ class PostgresReader(Reader):
             conn.rollback()
             conn.close()
 
-    def _copy_table(self, conn: Any, t: Table, stop: threading.Event) -> None:
+    def _copy_table(self, conn: Any, t: Table, point: int, stop: threading.Event) -> None:
         shape = self._shape_of(t)
         self._announce(shape, Mode.COPY)
         limit = self.config.batch_records
         rows = 0
         reader = self
+        position = lsn_text(point)  # a copied row is as of the copy's consistent point
 
         class Sink:
             buffer = b""
@@ -249,10 +250,10 @@ class PostgresReader(Reader):
                 lines = (self.buffer + data).split(b"\n")
                 self.buffer = lines.pop()
                 for line in lines:
-                    reader._copy_row(shape, line.decode())
+                    reader._copy_row(shape, line.decode(), position)
                 rows += len(lines)
                 if reader.appender.count >= limit:
-                    if not wait_durable(reader.appender.send(), stop):
+                    if not wait_durable(reader.appender.send(), stop) or stop.is_set():
                         raise _Stopped
                     reader.phase(shape.namespace, "copy", rows=rows)
                     reader.report()
@@ -267,12 +268,13 @@ class PostgresReader(Reader):
         log.info("reader %s: copied %s rows of %s", self.config.id, rows, shape.namespace)
         self.phase(shape.namespace, "copy", rows=rows)
 
-    def _copy_row(self, shape: _Shape, line: str) -> None:
+    def _copy_row(self, shape: _Shape, line: str, position: str) -> None:
         values = [copy_field(f) for f in line.split("\t")]
         data, _ = shape.row(values)
         ts = int(time.time() * 1000)
         change = Change(Op.READ, shape.namespace, ts, data, shape.key_of(values))
         change.schema = shape.schema
+        change.position = position
         self.appender.add(change, Mode.COPY, shape.topic)
 
     # -- shapes -----------------------------------------------------------------------------
@@ -358,7 +360,8 @@ class PostgresReader(Reader):
                 ):
                     self._send(txn.boundary)
                     first_pending = 0.0
-                self._acknowledge(cur)
+                if self._in_flight and not self.appender.count & 255:
+                    self._acknowledge(cur)
                 continue
             if self.appender.count:  # nothing more to read now: append what is pending
                 self._send(txn.boundary)
