@@ -18,6 +18,7 @@ from typing import Any
 import duckdb
 import psycopg
 import pytest
+from click.testing import CliRunner
 from tests.transport.pg_source import (
     drop_slots,
     execute,
@@ -29,6 +30,7 @@ from tests.transport.pg_source import (
 
 from headwater.bus.embedded.backend import EmbeddedBus
 from headwater.config.model import HeadwaterConfig
+from headwater.ops.cli import cli as main_cli
 from headwater.pipeline.failed import FailedStore
 from headwater.pipeline.runner import Pipeline
 from headwater.testing.postgres import PostgresService
@@ -237,26 +239,84 @@ def test_isolate_fails_only_the_bad_changes(
     assert {f.step for f in failed} == {"apply"}
 
 
-def test_stop_mode_stays_at_the_last_batch(
+def test_stop_mode_then_step_and_set_offset(
     spark: Any, source: str, target: str, tmp_path: Path
 ) -> None:
     execute(source, "create table t (id int primary key, n numeric(6,2))")
     execute(source, "insert into t select g, 1 from generate_series(1, 10) g")
     config = config_for(tmp_path, target, on_error="stop")
+    config_file = tmp_path / "headwater.yaml"
+    config_file.write_text(config.model_dump_json())
     state = tmp_path / "state"
     read_into_log(source, config.log_dir(), state, 10)
-    bus = EmbeddedBus(config.log_dir(), read_only=True)
-    topic = next(t.name for t in bus.topics() if t.name.startswith("cdc."))
-    bus.close()
+    run_mirrors(config, spark, ["duck"])
+    topic = cdc_topic(config)
     poison(config.log_dir(), topic, [99])
-    pipeline = Pipeline(config, spark, ["duck"])
+    execute(source, "insert into t values (11, 2), (12, 3)")
+    read_into_log(source, config.log_dir(), state, 13)
     with pytest.raises(Exception, match="on_error: stop"):
+        run_mirrors(config, spark, ["duck"])
+    assert duck_ids(tmp_path) == list(range(1, 11))  # the last committed batch's state
+
+    cli = CliRunner()
+    base = ["--config", str(config_file), "pipeline", "step", "-d", "duck", "--format", "json"]
+    stepped = cli.invoke(main_cli, [*base, "-n", "100"])
+    assert stepped.exit_code == 1, stepped.output
+    steps = [json.loads(line) for line in stepped.output.splitlines()]
+    *before, failed = steps
+    assert failed["outcome"] == "failed" and "not a number" in failed["error"]
+    assert all(s["outcome"] in ("applied", "skipped") for s in before)
+    assert set(range(1, 11)) <= set(duck_ids(tmp_path)) <= set(range(1, 13))
+    again = cli.invoke(main_cli, [*base, "-n", "1"])  # stuck on it: the same failure
+    assert again.exit_code == 1 and json.loads(again.output) == failed
+
+    mark = cli.invoke(
+        main_cli,
+        [
+            "--config",
+            str(config_file),
+            "log",
+            "set-offset",
+            "--group",
+            "duck",
+            failed["topic"],
+            str(failed["partition"]),
+            str(failed["offset"] + 1),
+        ],
+    )
+    assert mark.exit_code == 0, mark.output
+    execute(source, "insert into t values (13, 4)")
+    read_into_log(source, config.log_dir(), state, 14)  # 13 rows and the poisoned change
+    had = len(duck_ids(tmp_path))
+    one = cli.invoke(main_cli, [*base, "-n", "1"])
+    assert one.exit_code == 0, one.output
+    (moved,) = [json.loads(line) for line in one.output.splitlines()]  # exactly one message
+    assert moved["outcome"] in ("applied", "skipped") and moved["offset"] != failed["offset"]
+    assert len(duck_ids(tmp_path)) - had == (moved["op"] == "insert")
+    run_mirrors(config, spark, ["duck"])
+    assert duck_ids(tmp_path) == list(range(1, 14))
+
+
+def run_mirrors(config: HeadwaterConfig, spark: Any, only: list[str] | None = None) -> None:
+    pipeline = Pipeline(config, spark, only)
+    try:
         pipeline.run_once()
-    for q in pipeline.queries:
-        q.writer.close()
-    with duckdb.connect(str(tmp_path / "m.duckdb")) as c:
-        tables = {r[0] for r in c.execute("show tables").fetchall()}
-        assert "t" not in tables or c.execute("select count(*) from t").fetchone() == (0,)
+    finally:
+        for q in pipeline.queries:
+            q.writer.close()
+
+
+def cdc_topic(config: HeadwaterConfig) -> str:
+    bus = EmbeddedBus(config.log_dir(), read_only=True)
+    try:
+        return next(t.name for t in bus.topics() if t.name.startswith("cdc."))
+    finally:
+        bus.close()
+
+
+def duck_ids(tmp_path: Path) -> list[int]:
+    with duckdb.connect(str(tmp_path / "m.duckdb"), read_only=True) as c:
+        return [r[0] for r in c.execute("select id from t order by id").fetchall()]
 
 
 def test_functions_and_namespace_shape_the_mirror(

@@ -248,28 +248,82 @@ class SqlDestination(Destination):
     def apply_changes(
         self,
         writer_id: str,
-        batch_id: int,
+        batch_id: int | None,
         parts: Sequence[StagedPart],
         tables: Sequence[MirrorTable],
-        one_by_one: bool = False,
+        offsets: Mapping[tuple[str, int], int] | None = None,
     ) -> bool:
-        """Apply the staged changes to their tables and record the batch, in one transaction
-        (False: the batch was recorded before; nothing applied). The staging is removed."""
+        """Apply the staged changes to their tables, move the writer's offsets (``offsets``:
+        the next offset per topic and partition) and record the batch, in one transaction
+        (False: the batch was recorded before; nothing applied). ``batch_id`` None: no batch
+        to record (``headwater pipeline step``). The staging is removed."""
         sql = self.apply_sql()
         with self._using() as s:
 
             def move() -> None:
-                if not parts:
-                    return
-                self._changes(s, parts)
-                for t in tables:
-                    for statement in sql.statements(CHANGES_SOURCE, t, writer_id):
-                        s.execute(statement)
-                s.execute(f"DROP TABLE {CHANGES_SOURCE}")
+                if parts:
+                    self._changes(s, parts)
+                    for t in tables:
+                        for statement in sql.statements(CHANGES_SOURCE, t, writer_id):
+                            s.execute(statement)
+                    s.execute(f"DROP TABLE {CHANGES_SOURCE}")
+                self._move_offsets(s, writer_id, offsets or {})
 
-            done = commit_with_ledger(s, writer_id, batch_id, move, lambda: None)
-        self.discard_staged(writer_id, batch_id, parts)
+            if batch_id is None:
+                s.begin()
+                try:
+                    move()
+                    s.commit()
+                except BaseException:
+                    s.rollback()
+                    raise
+                done = True
+            else:
+                done = commit_with_ledger(s, writer_id, batch_id, move, lambda: None)
+        self.discard_staged(writer_id, batch_id or 0, parts)
         return done
+
+    def writer_offsets(self, writer_id: str) -> dict[tuple[str, int], int]:
+        """The next offset a mirror writer takes per topic and partition (its own offsets: what
+        its batches, ``pipeline step`` and ``log set-offset`` moved past)."""
+        from headwater.transport.apply import OFFSETS
+
+        with self._using() as s:
+            rows = s.execute(
+                f"SELECT topic, part, next_offset FROM {OFFSETS} WHERE writer_id = {s.placeholder}",
+                (writer_id,),
+            )
+        return {(str(t), int(p)): int(o) for t, p, o in rows}
+
+    def mark_offsets(self, writer_id: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Set the writer's next offsets (records below them count as done: skipped)."""
+        with self._using() as s:
+            s.begin()
+            try:
+                self._move_offsets(s, writer_id, offsets, forward_only=False)
+                s.commit()
+            except BaseException:
+                s.rollback()
+                raise
+
+    def _move_offsets(
+        self,
+        s: Session,
+        writer_id: str,
+        offsets: Mapping[tuple[str, int], int],
+        forward_only: bool = True,
+    ) -> None:
+        from headwater.transport.apply import OFFSETS
+
+        p = s.placeholder
+        for (topic, part), next_offset in offsets.items():
+            keep = f"greatest({OFFSETS}.next_offset, excluded.next_offset)"
+            s.execute(
+                f"INSERT INTO {OFFSETS} VALUES ({p}, {p}, {p}, {p}) ON CONFLICT "
+                f"(writer_id, topic, part) DO UPDATE SET next_offset = "
+                f"{keep if forward_only else 'excluded.next_offset'}",
+                (writer_id, topic, part, next_offset),
+            )
 
     def apply_isolated(
         self,
@@ -277,6 +331,7 @@ class SqlDestination(Destination):
         batch_id: int,
         parts: Sequence[StagedPart],
         tables: Sequence[MirrorTable],
+        offsets: Mapping[tuple[str, int], int] | None = None,
     ) -> list[dict[str, Any]]:
         """Apply the staged changes in order, a group per transaction: a group that fails is
         split in halves until each bad change is alone. Returns the bad changes (``topic``,
@@ -341,7 +396,13 @@ class SqlDestination(Destination):
                 group(1, n)
             for name in (numbered, CHANGES_SOURCE):
                 s.execute(f"DROP TABLE IF EXISTS {name}")
-            commit_with_ledger(s, writer_id, batch_id, lambda: None, lambda: None)
+            commit_with_ledger(
+                s,
+                writer_id,
+                batch_id,
+                lambda: self._move_offsets(s, writer_id, offsets or {}),
+                lambda: None,
+            )
         self.discard_staged(writer_id, batch_id, parts)
         return failed
 

@@ -19,6 +19,7 @@ from headwater.errors import HeadwaterError
 from headwater.ops.context import cli_config, config_option, format_option, opened_bus
 from headwater.ops.errors import BadInput, UnknownGroup
 from headwater.ops.output import echo_json, record_to_json, record_to_text, table
+from headwater.pipeline.config import DestinationConfig
 
 READ_CHUNK_RECORDS = 500
 READ_CHUNK_BYTES = 4 << 20
@@ -501,8 +502,16 @@ def set_offset_cmd(
     OFFSET is the next offset the group reads (a number, earliest or latest). To mark the record
     at offset 14 acknowledged (skip it), set 15; to replay from offset 9, set 9. It must lie
     within [LOW, HIGH] of the partition.
+
+    GROUP may name a mirror destination (apply: upsert): its own offsets, kept in the
+    destination, are set (records below are skipped; it never goes back past what its query
+    already read).
     """
-    with opened_bus(ctx, read_only=False) as (_config, bus):
+    config = cli_config(ctx)
+    mirror = next(
+        (d for d in config.pipeline.destinations if d.id == group and d.apply == "upsert"), None
+    )
+    with opened_bus(ctx, read_only=mirror is not None, config=config) as (_config, bus):
         info = bus.topic(topic)
         _check_partition(info, partition)
         low, high = bus.watermarks(topic, partition)
@@ -519,8 +528,11 @@ def set_offset_cmd(
                 "(low watermark to high watermark)"
             )
         tp = TopicPartition(topic, partition)
-        previous = bus.committed(group, [topic]).get(tp)
-        bus.commit(group, {tp: target})
+        if mirror is not None:  # a mirror keeps its own offsets, in its destination
+            previous = _mark_mirror(config, mirror, topic, partition, target)
+        else:
+            previous = bus.committed(group, [topic]).get(tp)
+            bus.commit(group, {tp: target})
 
     lag = high - target
     if fmt == "json":
@@ -540,6 +552,23 @@ def set_offset_cmd(
     click.echo(
         f"group {group}: {topic}[{partition}] committed offset {before} -> {target} (lag {lag})"
     )
+
+
+def _mark_mirror(
+    config: HeadwaterConfig, dest: DestinationConfig, topic: str, partition: int, target: int
+) -> int | None:
+    """Set a mirror destination's own next offset; the previous one."""
+    from headwater.destinations import open_destination
+    from headwater.destinations.sql import SqlDestination
+
+    destination = open_destination(dest, config.data_dir)
+    try:
+        assert isinstance(destination, SqlDestination)
+        previous = destination.writer_offsets(dest.id).get((topic, partition))
+        destination.mark_offsets(dest.id, {(topic, partition): target})
+        return previous
+    finally:
+        destination.close()
 
 
 # -- compact ----------------------------------------------------------------------------------

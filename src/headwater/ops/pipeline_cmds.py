@@ -13,7 +13,7 @@ import click
 
 from headwater.ops.context import cli_config, config_option, format_option
 from headwater.ops.logs import setup_logging
-from headwater.ops.output import table
+from headwater.ops.output import echo_json, table
 
 
 @click.group("pipeline", invoke_without_command=True)
@@ -131,3 +131,30 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@pipeline_cmd.command("step")
+@click.option("--destination", "-d", "destination", required=True, help="A mirror destination.")
+@click.option(
+    "--count", "-n", type=click.IntRange(min=1), default=1, show_default=True, help="Messages."
+)
+@format_option
+@config_option
+@click.pass_context
+def step_cmd(ctx: click.Context, destination: str, count: int, fmt: str) -> None:
+    """Apply a mirror destination's next COUNT messages one at a time, from its own offsets
+    (for on_error: stop). Stops at a message that fails, with its error (exit 1): fix the
+    cause, or mark it done with `headwater log set-offset --group DESTINATION`."""
+    from dataclasses import asdict
+
+    from headwater.transport.step import Stepped, step
+
+    def show(s: Stepped) -> None:
+        if fmt == "json":
+            echo_json(asdict(s))
+            return
+        what = f"{s.topic}[{s.partition}]@{s.offset} {s.op} {s.namespace}".rstrip()
+        click.echo(f"{what}: {s.outcome}{': ' + s.error if s.error else ''}")
+
+    if not step(cli_config(ctx), destination, count, show):
+        ctx.exit(1)

@@ -45,6 +45,11 @@ TRUNCATES_SQL = (
     f"CREATE TABLE IF NOT EXISTS {TRUNCATES} (writer_id text, namespace text, lsn bigint, "
     "PRIMARY KEY (writer_id, namespace))"
 )
+OFFSETS = "_headwater_offsets"  # per mirror writer, topic and partition: the next offset
+OFFSETS_SQL = (
+    f"CREATE TABLE IF NOT EXISTS {OFFSETS} (writer_id text, topic text, part bigint, "
+    "next_offset bigint, PRIMARY KEY (writer_id, topic, part))"
+)
 CHANGES_TABLE = "_hw_changes"  # the staged table's name (a StagedPart's table)
 ROW_OPS = ("read", "insert", "update")
 

@@ -135,18 +135,31 @@ class MirrorWriter:
             self.last = stats
             return
         frame, ranges = sink.task_frame(df)
+        marks = destination.writer_offsets(self.dest.id)
         if ranges != [] and self.dest.functions:
-            frame = self._functions(frame)
+            frame = self._functions(frame, marks)
         parts: list[StagedPart] = []
         present: dict[str, int] = {}
         bad: list[dict[str, Any]] = []
+        ends: dict[tuple[str, int], int] = {}
+        if ranges:  # the batch's end, records dropped by functions included
+            main = (r for r in ranges if r["bus"] == sink.MAIN_BUS)
+            ends = {(r["topic"], r["partition"]): r["end"] for r in main}
         if ranges != []:
             stage = partial(
-                _stage_task, self.config.model_dump_json(), self.dest.id, batch_id, self.dest
+                _stage_task,
+                self.config.model_dump_json(),
+                self.dest.id,
+                batch_id,
+                self.dest,
+                _marks_json(marks),
             )
             for row in frame.mapInArrow(stage, _OUT).collect():
                 body = orjson.loads(row.body)
-                if row.kind == "part":
+                if row.kind == "end":
+                    tp = (body["topic"], body["part"])
+                    ends[tp] = max(ends.get(tp, 0), body["next"])
+                elif row.kind == "part":
                     parts.append(StagedPart.from_json(body))
                 elif row.kind == "schema":
                     self.schemas.learn(body["namespace"], body["columns"])
@@ -156,10 +169,10 @@ class MirrorWriter:
                     bad.append(body)
         try:
             self.schemas.save()
-            tables = [self._table(ns) for ns in sorted(present)]
+            tables = [self.table(ns) for ns in sorted(present)]
             for t in tables:
                 destination.ensure_mirror(t)
-            failed = self._apply(batch_id, parts, tables)
+            failed = self._apply(batch_id, parts, tables, ends)
         except BaseException:
             destination.discard_staged(self.dest.id, batch_id, parts)
             raise
@@ -170,17 +183,27 @@ class MirrorWriter:
         stats.seconds = time.monotonic() - started
         self._done(stats)
 
-    def _functions(self, frame: DataFrame) -> DataFrame:
+    def _functions(self, frame: DataFrame, marks: dict[tuple[str, int], int]) -> DataFrame:
         """The destination's namespace filter and functions over the batch's records (read by
-        the tasks when the frame is ranges of records)."""
+        the tasks when the frame is ranges of records), those below the writer's own offsets
+        left out first."""
+        from pyspark.sql import functions as F
+
         from headwater.bus.layout import SCHEMA_DDL
         from headwater.transport.functions import apply_to_frame
 
         if "start" in frame.columns:
             frame = frame.mapInArrow(partial(_records, self.config.model_dump_json()), SCHEMA_DDL)
+        for (topic, part), next_offset in marks.items():
+            below = (
+                (F.col("topic") == topic)
+                & (F.col("partition") == part)
+                & (F.col("offset") < next_offset)
+            )
+            frame = frame.filter(~below)
         return apply_to_frame(frame, self.dest.namespace, self.dest.functions)
 
-    def _table(self, namespace: str) -> MirrorTable:
+    def table(self, namespace: str) -> MirrorTable:
         columns = self.schemas.columns.get(namespace)
         if not columns:
             raise NoSchema(
@@ -193,12 +216,17 @@ class MirrorWriter:
         return MirrorTable.from_schema(namespace, name, columns)
 
     def _apply(
-        self, batch_id: int, parts: list[StagedPart], tables: list[MirrorTable]
+        self,
+        batch_id: int,
+        parts: list[StagedPart],
+        tables: list[MirrorTable],
+        ends: dict[tuple[str, int], int],
     ) -> list[dict[str, Any]]:
-        """Apply the batch; the changes that failed alone (isolate mode), as failed rows."""
+        """Apply the batch and move the writer's offsets to its ``ends``; the changes that
+        failed alone (isolate mode), as failed rows."""
         destination = self.destination
         try:
-            destination.apply_changes(self.dest.id, batch_id, parts, tables)
+            destination.apply_changes(self.dest.id, batch_id, parts, tables, ends)
             return []
         except TransientError:
             raise
@@ -214,7 +242,7 @@ class MirrorWriter:
                 batch_id,
                 exc,
             )
-        return destination.apply_isolated(self.dest.id, batch_id, parts, tables)
+        return destination.apply_isolated(self.dest.id, batch_id, parts, tables, ends)
 
     def _fail(self, rows: list[dict[str, Any]]) -> None:
         """Send failed changes to the failed store, with their original records."""
@@ -269,18 +297,26 @@ def _stage_task(
     destination_id: str,
     batch_id: int,
     dest: DestinationConfig,
+    marks_json: str,
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """In a Spark task: stage this task's changes; yield where, the schema messages and the
-    changes per namespace, and the records that are not transport messages."""
+    """In a Spark task: stage this task's changes; yield where, the schema messages, the
+    changes per namespace, the records that are not transport messages, and the next offset
+    of each partition it read. Records below the writer's own offsets are done: skipped."""
     from headwater.pipeline.sink import destination_for, records, task_name
 
     taken = re.compile(dest.namespace)
+    marks = {(t, p): o for t, p, o in orjson.loads(marks_json)}
+    ends: dict[tuple[str, int], int] = {}
     columns: dict[str, list[Any]] = {name: [] for name in CHANGES.names}
     out: list[tuple[str, dict[str, Any]]] = []
     counts: dict[str, int] = {}
     for rb in records(batches, config_json):
         for r in rb.to_pylist():
+            tp = (r["topic"], r["partition"])
+            ends[tp] = max(ends.get(tp, 0), r["offset"] + 1)
+            if r["offset"] < marks.get(tp, 0):
+                continue
             headers = dict(r["headers"] or ())
             namespace = headers.get(HEADER_NAMESPACE)
             if namespace is not None and not taken.fullmatch(namespace.decode()):
@@ -303,20 +339,7 @@ def _stage_task(
                 continue
             ns = message["namespace"]
             counts[ns] = counts.get(ns, 0) + 1
-            key = message.get("key")
-            data = message.get("data")
-            unchanged = message.get("unchanged")
-            columns["namespace"].append(ns)
-            columns["op"].append(op)
-            columns["key"].append(
-                None if key is None else orjson.dumps(key, option=orjson.OPT_SORT_KEYS).decode()
-            )
-            columns["data"].append(None if data is None else orjson.dumps(data).decode())
-            columns["unchanged"].append(orjson.dumps(unchanged).decode() if unchanged else None)
-            columns["topic"].append(r["topic"])
-            columns["part"].append(r["partition"])
-            columns["_hw_order"].append(r["offset"])
-            columns["lsn"].append(_lsn(message.get("position")))
+            add_change(columns, message, r["topic"], r["partition"], r["offset"])
     if columns["op"]:
         table = pa.table(columns, schema=CHANGES)
         destination = destination_for(config_json, destination_id)
@@ -325,6 +348,7 @@ def _stage_task(
         ):
             out.append(("part", part.to_json()))
     out += [("count", {"namespace": ns, "n": n}) for ns, n in counts.items()]
+    out += [("end", {"topic": t, "part": p, "next": n}) for (t, p), n in ends.items()]
     if out:
         yield pa.RecordBatch.from_pydict(
             {
@@ -341,9 +365,31 @@ def _records(config_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa
     yield from records(batches, config_json)
 
 
-def _lsn(position: Any) -> int | None:
+def add_change(
+    columns: dict[str, list[Any]], message: dict[str, Any], topic: str, part: int, offset: int
+) -> None:
+    """Add a change message to the columns of ``CHANGES`` being built."""
+    key, data, unchanged = message.get("key"), message.get("data"), message.get("unchanged")
+    columns["namespace"].append(message["namespace"])
+    columns["op"].append(message["op"])
+    columns["key"].append(
+        None if key is None else orjson.dumps(key, option=orjson.OPT_SORT_KEYS).decode()
+    )
+    columns["data"].append(None if data is None else orjson.dumps(data).decode())
+    columns["unchanged"].append(orjson.dumps(unchanged).decode() if unchanged else None)
+    columns["topic"].append(topic)
+    columns["part"].append(part)
+    columns["_hw_order"].append(offset)
+    columns["lsn"].append(lsn_of(message.get("position")))
+
+
+def lsn_of(position: Any) -> int | None:
     """A PostgreSQL position (``16/B374D848``) as a number; None for the others."""
     if isinstance(position, str) and _LSN.fullmatch(position):
         high, _, low = position.partition("/")
         return (int(high, 16) << 32) | int(low, 16)
     return None
+
+
+def _marks_json(marks: dict[tuple[str, int], int]) -> str:
+    return orjson.dumps([[t, p, o] for (t, p), o in marks.items()]).decode()

@@ -45,7 +45,7 @@ from headwater.destinations.sql import (
     TableChanged,
 )
 from headwater.errors import HeadwaterError
-from headwater.transport.apply import TRUNCATES_SQL
+from headwater.transport.apply import OFFSETS_SQL, TRUNCATES_SQL
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -57,6 +57,7 @@ LEDGER_SQL = [
     f"CREATE TABLE IF NOT EXISTS {LEDGER} (writer_id VARCHAR, batch_id BIGINT, "
     "committed_at TIMESTAMP WITH TIME ZONE, PRIMARY KEY (writer_id, batch_id))",
     TRUNCATES_SQL,
+    OFFSETS_SQL,
 ]
 _CHANGED = ("does not have a column", "not found in", "does not exist")
 _FILE_LOCKS: dict[str, threading.Lock] = {}

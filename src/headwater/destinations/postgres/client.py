@@ -55,7 +55,7 @@ from headwater.destinations.sql import (
     TableChanged,
 )
 from headwater.errors import HeadwaterError
-from headwater.transport.apply import TRUNCATES_SQL
+from headwater.transport.apply import OFFSETS_SQL, TRUNCATES_SQL
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -67,6 +67,7 @@ LEDGER_SQL = [
     f"CREATE TABLE IF NOT EXISTS {LEDGER} (writer_id text, batch_id bigint, "
     "committed_at timestamptz, PRIMARY KEY (writer_id, batch_id))",
     TRUNCATES_SQL,
+    OFFSETS_SQL,
 ]
 CSV_OPTIONS = pacsv.WriteOptions(include_header=False, quoting_style="needed")
 STAGING_SCHEMA = "headwater_staging"
