@@ -230,10 +230,35 @@ class SqlDestination(Destination):
         """The apply statements in this warehouse's dialect."""
         raise NotImplementedError(f"{self.kind} destinations cannot mirror tables (apply: upsert)")
 
-    def _changes(self, s: Session, parts: Sequence[StagedPart], keep: bool = False) -> str:
-        """Make the temporary table ``CHANGES_SOURCE`` of the staged changes (in the open
-        transaction; ``keep``: beyond it, until dropped)."""
+    def _changes(self, s: Session, parts: Sequence[StagedPart]) -> str:
+        """The staged changes as a relation (a table or a parenthesised query), in the open
+        transaction; ``_drop_changes`` ends it."""
         raise NotImplementedError(f"{self.kind} destinations cannot mirror tables (apply: upsert)")
+
+    def _drop_changes(self, s: Session, relation: str) -> None:
+        """Drop what ``_changes`` or ``_numbered`` made, if anything."""
+
+    def _numbered(self, s: Session, parts: Sequence[StagedPart]) -> str:
+        """The staged changes in order, numbered from 1 (``_hw_rn``), as a relation that
+        outlives transactions (until ``_drop_changes``)."""
+        raise NotImplementedError(f"{self.kind} destinations cannot mirror tables (apply: upsert)")
+
+    def _chunks(self, rows: int) -> int:
+        """In how many parts (by key) a batch of ``rows`` changes is applied."""
+        return 1
+
+    def _apply(
+        self, s: Session, source: str, tables: Sequence[MirrorTable], writer_id: str, rows: int
+    ) -> None:
+        """Run the apply statements of every table over ``source``."""
+        sql = self.apply_sql()
+        chunks = self._chunks(rows)
+        for t in tables:
+            for statement in sql.truncate_statements(source, t, writer_id):
+                s.execute(statement)
+            for chunk in range(chunks):
+                for statement in sql.row_statements(source, t, writer_id, (chunk, chunks)):
+                    s.execute(statement)
 
     def ensure_mirror(self, table: MirrorTable) -> TableSchema:
         """Create the mirror table (the source's columns, typed for this warehouse, keyed as
@@ -257,16 +282,13 @@ class SqlDestination(Destination):
         the next offset per topic and partition) and record the batch, in one transaction
         (False: the batch was recorded before; nothing applied). ``batch_id`` None: no batch
         to record (``headwater pipeline step``). The staging is removed."""
-        sql = self.apply_sql()
         with self._using() as s:
 
             def move() -> None:
                 if parts:
-                    self._changes(s, parts)
-                    for t in tables:
-                        for statement in sql.statements(CHANGES_SOURCE, t, writer_id):
-                            s.execute(statement)
-                    s.execute(f"DROP TABLE {CHANGES_SOURCE}")
+                    source = self._changes(s, parts)
+                    self._apply(s, source, tables, writer_id, sum(p.rows for p in parts))
+                    self._drop_changes(s, source)
                 self._move_offsets(s, writer_id, offsets or {})
 
             if batch_id is None:
@@ -337,35 +359,22 @@ class SqlDestination(Destination):
         split in halves until each bad change is alone. Returns the bad changes (``topic``,
         ``part``, ``offset``, ``code``, ``reason``); records the batch. Applying a prefix of
         the changes again (a crash in between) converges to the same tables."""
-        sql = self.apply_sql()
         failed: list[dict[str, Any]] = []
-        numbered = f"{CHANGES_SOURCE}_n"
         with self._using() as s:
             s.begin()
             try:
-                self._changes(s, parts, keep=True)
-                s.execute(
-                    f"CREATE TEMP TABLE {numbered} AS SELECT *, row_number() OVER "
-                    f"(ORDER BY part, _hw_order) AS _hw_rn FROM {CHANGES_SOURCE}"
-                )
-                n = int(s.execute(f"SELECT count(*) FROM {numbered}")[0][0])
+                numbered = self._numbered(s, parts)
+                n = int(s.execute(f"SELECT count(*) FROM {numbered} x")[0][0])
                 s.commit()
             except BaseException:
                 s.rollback()
                 raise
 
             def group(first: int, last: int) -> None:
-                one = f"{CHANGES_SOURCE}_g"
+                one = f"(SELECT * FROM {numbered} g WHERE _hw_rn BETWEEN {first} AND {last})"
                 s.begin()
                 try:
-                    s.execute(
-                        f"CREATE TEMP TABLE {one} AS SELECT * FROM {numbered} "
-                        f"WHERE _hw_rn BETWEEN {first} AND {last}"
-                    )
-                    for t in tables:
-                        for statement in sql.statements(one, t, writer_id):
-                            s.execute(statement)
-                    s.execute(f"DROP TABLE {one}")
+                    self._apply(s, one, tables, writer_id, last - first + 1)
                     s.commit()
                     return
                 except Exception as exc:
@@ -375,7 +384,8 @@ class SqlDestination(Destination):
                         raise error from exc
                     if first == last:
                         rows = s.execute(
-                            f"SELECT topic, part, _hw_order FROM {numbered} WHERE _hw_rn = {first}"
+                            f"SELECT topic, part, _hw_order FROM {numbered} x "
+                            f"WHERE _hw_rn = {first}"
                         )
                         topic, part, offset = rows[0]
                         failed.append(
@@ -394,8 +404,7 @@ class SqlDestination(Destination):
 
             if n:
                 group(1, n)
-            for name in (numbered, CHANGES_SOURCE):
-                s.execute(f"DROP TABLE IF EXISTS {name}")
+            self._drop_changes(s, numbered)
             commit_with_ledger(
                 s,
                 writer_id,

@@ -109,57 +109,70 @@ class ApplySql(ABC):
         """SQL of the text value ``text`` as the mirror's type for ``source_type``."""
 
     def statements(self, source: str, t: MirrorTable, writer_id: str) -> list[str]:
-        """The statements that apply the namespace's changes in ``source`` (a relation with
-        the ``CHANGES`` columns) to table ``t``, for writer ``writer_id``.
+        """Every statement that applies the namespace's changes in ``source`` to table ``t``
+        (``truncate_statements``, then ``row_statements`` in one chunk)."""
+        return [
+            *self.truncate_statements(source, t, writer_id),
+            *self.row_statements(source, t, writer_id),
+        ]
+
+    def truncate_statements(self, source: str, t: MirrorTable, writer_id: str) -> list[str]:
+        """The statements of the namespace's truncates in ``source`` (a table, or a
+        parenthesised query, with the ``CHANGES`` columns), for writer ``writer_id``.
 
         A truncate is on every partition of the topic, and a batch may hold its copy in one
         partition and not yet in another, so it is applied by its LSN: the first time a
         truncate newer than the one recorded (``TRUNCATES``) is seen, the table is emptied and
-        its LSN recorded; from then on a change older than it (a late partition's) is skipped.
-        In a partition that holds the truncate in this batch, only the changes after it count
-        (that settles changes of the truncate's own transaction)."""
-        table = q(t.name)
-        ns = lit(t.namespace)
-        recorded = (
-            f"(SELECT max(lsn) FROM {TRUNCATES} WHERE writer_id = {lit(writer_id)} "
-            f"AND namespace = {ns})"
-        )
-        newest = f"(SELECT max(lsn) FROM {source} WHERE namespace = {ns} AND op = 'truncate')"
+        its LSN recorded; from then on a change older than it (a late partition's) is skipped
+        (``row_statements``). In order: the table is emptied before the record moves."""
+        table, ns, writer = q(t.name), lit(t.namespace), lit(writer_id)
+        recorded, newest = self._recorded(t, writer_id), self._newest(source, t)
+        return [
+            f"DELETE FROM {table} WHERE coalesce({newest}, -1) > coalesce({recorded}, -1)",
+            f"DELETE FROM {TRUNCATES} WHERE writer_id = {writer} AND namespace = {ns} "
+            f"AND {newest} IS NOT NULL AND lsn < {newest}",
+            f"INSERT INTO {TRUNCATES} SELECT {writer}, {ns}, {newest} "
+            f"WHERE {newest} IS NOT NULL AND coalesce({recorded}, -1) < {newest}",
+        ]
+
+    def row_statements(
+        self,
+        source: str,
+        t: MirrorTable,
+        writer_id: str,
+        chunk: tuple[int, int] = (0, 1),
+    ) -> list[str]:
+        """The statements of the namespace's row changes, after ``truncate_statements``: per
+        key the last change wins. ``chunk`` (i, n): only the keys of part i of n (a key's
+        changes are all in one part, so the parts may run one after the other)."""
+        table, ns = q(t.name), lit(t.namespace)
         cut = (
-            f"SELECT part, max({ORDER}) AS cut FROM {source} "
+            f"SELECT part, max({ORDER}) AS cut FROM {source} x "
             f"WHERE namespace = {ns} AND op = 'truncate' GROUP BY part"
         )
-        since = f"greatest(coalesce({recorded}, -1), coalesce({newest}, -1))"
+        since = (
+            f"greatest(coalesce({self._recorded(t, writer_id)}, -1), "
+            f"coalesce({self._newest(source, t)}, -1))"
+        )
         mine = (
             f"SELECT s.* FROM {source} s LEFT JOIN ({cut}) c ON c.part = s.part "
             f"WHERE s.namespace = {ns} AND s.op IN ('read', 'insert', 'update', 'delete') "
             f"AND (c.cut IS NULL OR s.{ORDER} > c.cut) AND (s.lsn IS NULL OR s.lsn >= {since})"
         )
-        out = [
-            f"DELETE FROM {table} WHERE coalesce({newest}, -1) > coalesce({recorded}, -1)",
-            f"DELETE FROM {TRUNCATES} WHERE writer_id = {lit(writer_id)} AND namespace = {ns} "
-            f"AND {newest} IS NOT NULL AND lsn < {newest}",
-            f"INSERT INTO {TRUNCATES} SELECT {lit(writer_id)}, {ns}, {newest} "
-            f"WHERE {newest} IS NOT NULL AND coalesce({recorded}, -1) < {newest}",
-        ]
-        # the statements above run in order: the table is emptied before the record moves
+        if chunk[1] > 1:
+            mine += f" AND {self.bucket('s.key', chunk[1])} = {chunk[0]}"
         names = ", ".join(q(c.name) for c in t.columns)
         if not t.key:
             values = ", ".join(
                 self.typed(self.field("data", c.name), c.source_type) for c in t.columns
             )
-            out.append(
+            return [
                 f"INSERT INTO {table} ({names}) SELECT {values} FROM ({mine}) m "
                 f"WHERE op IN ('read', 'insert') ORDER BY part, {ORDER}"
-            )
-            return out
+            ]
         last = self._last(mine, t)
         key_match = " AND ".join(
             f"t.{q(k)} = {self.typed(self.field('l.key', k), self._type(t, k))}" for k in t.key
-        )
-        out.append(
-            f"DELETE FROM {table} t WHERE EXISTS (SELECT 1 FROM ({last}) l "
-            f"WHERE l.op = 'delete' AND {key_match})"
         )
         values = ", ".join(
             f"CASE WHEN l.{q('set:' + c.name)} THEN {self.typed(f'l.{q(c.name)}', c.source_type)}"
@@ -169,12 +182,29 @@ class ApplySql(ABC):
         keys = ", ".join(q(k) for k in t.key)
         updates = ", ".join(f"{q(c.name)} = excluded.{q(c.name)}" for c in t.columns if not c.key)
         conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
-        out.append(
+        return [
+            f"DELETE FROM {table} t WHERE EXISTS (SELECT 1 FROM ({last}) l "
+            f"WHERE l.op = 'delete' AND {key_match})",
             f"INSERT INTO {table} ({names}) SELECT {values} FROM ({last}) l "
             f"LEFT JOIN {table} t ON {key_match} WHERE l.op <> 'delete' "
-            f"ON CONFLICT ({keys}) {conflict}"
+            f"ON CONFLICT ({keys}) {conflict}",
+        ]
+
+    def _recorded(self, t: MirrorTable, writer_id: str) -> str:
+        return (
+            f"(SELECT max(lsn) FROM {TRUNCATES} WHERE writer_id = {lit(writer_id)} "
+            f"AND namespace = {lit(t.namespace)})"
         )
-        return out
+
+    def _newest(self, source: str, t: MirrorTable) -> str:
+        return (
+            f"(SELECT max(lsn) FROM {source} x "
+            f"WHERE namespace = {lit(t.namespace)} AND op = 'truncate')"
+        )
+
+    @abstractmethod
+    def bucket(self, text: str, n: int) -> str:
+        """SQL: a number in [0, n) from the text ``text``, the same for the same text."""
 
     def _type(self, t: MirrorTable, name: str) -> str:
         return next(c.source_type for c in t.columns if c.name == name)
@@ -231,6 +261,9 @@ class DuckDBApply(ApplySql):
         order = f"CASE WHEN {where} THEN {ORDER} END" if where else ORDER
         return f"arg_max_null({value}, {order})"
 
+    def bucket(self, text: str, n: int) -> str:
+        return f"hash({text}) % {n}"
+
     def field(self, json_text: str, name: str) -> str:
         pointer = "/" + name.replace("~", "~0").replace("/", "~1")
         return f"json_extract_string({json_text}, {lit(pointer)})"
@@ -252,6 +285,9 @@ class PostgresApply(ApplySql):
 
     def target_type(self, source_type: str) -> str:
         return source_type
+
+    def bucket(self, text: str, n: int) -> str:
+        return f"abs(hashtext({text}) % {n})"
 
     def field(self, json_text: str, name: str) -> str:
         return f"(CAST({json_text} AS jsonb) ->> {lit(name)})"

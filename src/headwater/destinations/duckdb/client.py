@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,7 +39,6 @@ from headwater.destinations.batches import (
 )
 from headwater.destinations.duckdb.dialect import DuckDBDialect
 from headwater.destinations.sql import (
-    CHANGES_SOURCE,
     LEDGER,
     Session,
     SqlDestination,
@@ -168,6 +168,7 @@ class DuckDBSession(Session):
 # 80% of the machine, let a 1M-row load take 750 MB where 256 MB loads as fast, and 160 MB
 # about 5-8% slower for ~90 MB less (the load is the driver's peak).
 MEMORY_LIMIT = "160MB"
+APPLY_CHUNK_ROWS = 50_000  # a mirror's changes applied per statement (see _chunks)
 # Each connection (``_connect``): rows are inserted by every thread at once (a batch's rows have
 # no order that matters: the upsert's winner is chosen by _hw_order): measured 2.9 us a row
 # instead of 5.9 on 2 cores. Closing the file does not checkpoint it
@@ -255,10 +256,28 @@ class DuckDBDestination(SqlDestination):
 
         return DuckDBApply()
 
-    def _changes(self, s: Session, parts: Sequence[StagedPart], keep: bool = False) -> str:
+    def _changes(self, s: Session, parts: Sequence[StagedPart]) -> str:
+        # read where they are: a temporary table would hold them all in memory (OOM at the
+        # destination's memory_limit on large batches), a Parquet scan streams
         files = ", ".join("'" + p.replace("'", "''") + "'" for p in staged_paths(parts))
-        s.execute(f"CREATE TEMP TABLE {CHANGES_SOURCE} AS SELECT * FROM read_parquet([{files}])")
-        return CHANGES_SOURCE
+        return f"read_parquet([{files}])"
+
+    def _chunks(self, rows: int) -> int:
+        # an upsert holds its rows in memory (ON CONFLICT): in parts of at most this many keys,
+        # 200,000 changes of ~200 bytes apply within the default 160 MB
+        return max(1, -(-rows // APPLY_CHUNK_ROWS))
+
+    def _numbered(self, s: Session, parts: Sequence[StagedPart]) -> str:
+        path = Path(staged_paths(parts)[0]).parent / f"numbered-{uuid.uuid4().hex}.parquet"
+        s.execute(
+            f"COPY (SELECT *, row_number() OVER (ORDER BY part, _hw_order) AS _hw_rn "
+            f"FROM {self._changes(s, parts)}) TO '{path}' (FORMAT parquet)"
+        )
+        return f"read_parquet('{path}')"
+
+    def _drop_changes(self, s: Session, relation: str) -> None:
+        if relation.startswith("read_parquet('"):  # the numbered copy
+            Path(relation.split("'")[1]).unlink(missing_ok=True)
 
     def clean_staging(self, writer_id: str) -> None:
         remove_writer_staging(self.staging, writer_id)

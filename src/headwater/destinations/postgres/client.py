@@ -372,12 +372,23 @@ class PostgresDestination(SqlDestination):
 
         return PostgresApply()
 
-    def _changes(self, s: Session, parts: Sequence[StagedPart], keep: bool = False) -> str:
+    def _changes(self, s: Session, parts: Sequence[StagedPart]) -> str:
         source = " UNION ALL ".join(f"SELECT * FROM {staged(p.ref)}" for p in parts)
-        scope = "" if keep else " ON COMMIT DROP"
-        s.execute(f"CREATE TEMP TABLE {CHANGES_SOURCE}{scope} AS {source}")
+        s.execute(f"CREATE TEMP TABLE {CHANGES_SOURCE} ON COMMIT DROP AS {source}")
         s.execute(f"ANALYZE {CHANGES_SOURCE}")
         return CHANGES_SOURCE
+
+    def _numbered(self, s: Session, parts: Sequence[StagedPart]) -> str:
+        numbered = f"{CHANGES_SOURCE}_n"
+        source = " UNION ALL ".join(f"SELECT * FROM {staged(p.ref)}" for p in parts)
+        s.execute(
+            f"CREATE TEMP TABLE {numbered} AS SELECT *, row_number() OVER "
+            f"(ORDER BY part, _hw_order) AS _hw_rn FROM ({source}) x"
+        )
+        return numbered
+
+    def _drop_changes(self, s: Session, relation: str) -> None:
+        s.execute(f"DROP TABLE IF EXISTS {relation}")
 
     def clean_staging(self, writer_id: str) -> None:
         prefix = staging_prefix(writer_id)
