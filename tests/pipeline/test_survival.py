@@ -1,7 +1,8 @@
 """Writers survive their destination: while a destination is unavailable for a minute (another
 process holds the DuckDB file, PostgreSQL is stopped), the writer's query fails, says why in the
 status, is retried with backoff in the running process, and once the destination is back every
-event lands exactly once. Stream and batch modes.
+event lands exactly once. A stream-mode and a batch-mode destination face the same outage side
+by side (one pipeline, two queries).
 
 The bus is open in this process (it holds the log's write lock, as the collector does); Spark's
 Python workers read the log read-only.
@@ -34,10 +35,15 @@ TIMEOUT_S = 120.0
 FAST = Backoff(initial_s=0.5, max_s=3.0)
 
 
-def make_config(tmp_path: Path, dest: dict[str, Any]) -> HeadwaterConfig:
-    base = {"id": "wh", "table_name_template": "events", "trigger_interval_s": 0.5}
+MODES = ("stream", "batch")
+
+
+def make_config(tmp_path: Path, dest: Callable[[str], dict[str, Any]]) -> HeadwaterConfig:
+    """A destination per mode, with the id of its mode, the rest from ``dest(mode)``."""
+    base = {"table_name_template": "events", "trigger_interval_s": 0.5, "batch_period_s": 1.0}
+    destinations = [{**base, "id": mode, "mode": mode, **dest(mode)} for mode in MODES]
     return HeadwaterConfig.model_validate(
-        {"data_dir": str(tmp_path / "data"), "pipeline": {"destinations": [{**base, **dest}]}}
+        {"data_dir": str(tmp_path / "data"), "pipeline": {"destinations": destinations}}
     )
 
 
@@ -65,15 +71,23 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = TIMEOUT_
         time.sleep(0.2)
 
 
-def status(config: HeadwaterConfig) -> DestinationStatus:
+def status(config: HeadwaterConfig, dest: str) -> DestinationStatus:
     written = read_status(config)
     assert written is not None
-    return written.destinations[0]
+    return next(d for d in written.destinations if d.destination == dest)
+
+
+def every(config: HeadwaterConfig, check: Callable[[DestinationStatus], bool]) -> bool:
+    return all(check(status(config, mode)) for mode in MODES)
 
 
 def failing_with(config: HeadwaterConfig, code: str) -> bool:
-    s = status(config)
-    return s.state == "retrying" and s.consecutive_failures >= 1 and s.last_error_code == code
+    return every(
+        config,
+        lambda s: (
+            s.state == "retrying" and s.consecutive_failures >= 1 and s.last_error_code == code
+        ),
+    )
 
 
 @contextmanager
@@ -88,7 +102,11 @@ def running(config: HeadwaterConfig, spark: Any) -> Iterator[tuple[Bus, Pipeline
         bus.close()
 
 
-def duck_counts(config: HeadwaterConfig) -> tuple[int, int]:
+def duck_path(tmp_path: Path, mode: str) -> Path:
+    return tmp_path / f"{mode}.duckdb"
+
+
+def duck_counts(path: Path) -> tuple[int, int]:
     """Read as ``headwater sql`` does, from another process (DuckDB refuses a read-only
     connection in the process that writes the file)."""
     script = (
@@ -102,7 +120,7 @@ def duck_counts(config: HeadwaterConfig) -> tuple[int, int]:
         "print(json.dumps(list(rows[0])))\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", script, str(config.warehouse_path())],
+        [sys.executable, "-c", script, str(path)],
         capture_output=True,
         check=True,
         timeout=60,
@@ -111,24 +129,30 @@ def duck_counts(config: HeadwaterConfig) -> tuple[int, int]:
     return (n, distinct)
 
 
-@pytest.mark.parametrize("mode", ["stream", "batch"])
 def test_a_reader_holding_the_duckdb_file_delays_rows_but_loses_none(
-    spark: Any, tmp_path: Path, mode: str
+    spark: Any, tmp_path: Path
 ) -> None:
-    config = make_config(tmp_path, {"type": "duckdb", "mode": mode, "batch_period_s": 1.0})
+    config = make_config(
+        tmp_path, lambda mode: {"type": "duckdb", "path": str(duck_path(tmp_path, mode))}
+    )
+    paths = [duck_path(tmp_path, mode) for mode in MODES]
+
+    def counts_are(n: int) -> bool:
+        return all(duck_counts(p) == (n, n) for p in paths)
+
     with running(config, spark) as (bus, _pipeline):
         append(bus, 0, 50)
-        wait_for(lambda: duck_counts(config) == (50, 50), "the first 50 rows")
+        wait_for(lambda: counts_are(50), "the first 50 rows")
         holder = subprocess.Popen(
             [
                 sys.executable,
                 "-c",
                 "import duckdb, sys, time\n"
-                "c = duckdb.connect(sys.argv[1], read_only=True)\n"
+                "held = [duckdb.connect(p, read_only=True) for p in sys.argv[2:]]\n"
                 "print('held', flush=True)\n"
-                "time.sleep(float(sys.argv[2]))\n",
-                str(config.warehouse_path()),
+                "time.sleep(float(sys.argv[1]))\n",
                 str(HOLD_S),
+                *map(str, paths),
             ],
             stdout=subprocess.PIPE,
         )
@@ -136,19 +160,19 @@ def test_a_reader_holding_the_duckdb_file_delays_rows_but_loses_none(
             assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
             holder.stdout.close()
             append(bus, 50, 50)
-            # the writer waits out its lock timeout, fails, and says why
+            # the writers wait out their lock timeout, fail, and say why
             wait_for(lambda: failing_with(config, "HW-DST-002"), "the lock failure in the status")
             assert holder.poll() is None, "the reader let go before the failure was reported"
-            assert "lock" in (status(config).last_error or "").lower()
+            assert every(config, lambda s: "lock" in (s.last_error or "").lower())
             assert holder.wait(timeout=HOLD_S + 30) == 0
         finally:
             if holder.poll() is None:
                 holder.kill()
-        wait_for(lambda: duck_counts(config) == (100, 100), "every event once after the hold")
-        wait_for(lambda: status(config).state == "running", "the destination healthy again")
+        wait_for(lambda: counts_are(100), "every event once after the hold")
+        wait_for(lambda: every(config, lambda s: s.state == "running"), "healthy again")
         append(bus, 100, 10)
-        wait_for(lambda: duck_counts(config) == (110, 110), "later events too")
-    assert status(config).state == "stopped"
+        wait_for(lambda: counts_are(110), "later events too")
+    assert every(config, lambda s: s.state == "stopped")
 
 
 @pytest.fixture
@@ -170,37 +194,44 @@ def restart_postgres(service: pg.PostgresService) -> None:
     )
 
 
-def pg_counts(dsn: str) -> tuple[int, int]:
+def pg_counts(dsn: str, table: str) -> tuple[int, int]:
     try:
         with closing(psycopg.connect(dsn, connect_timeout=2)) as c:
-            row = c.execute("select count(*), count(distinct n) from events").fetchone()
+            row = c.execute(f"select count(*), count(distinct n) from {table}").fetchone()
     except psycopg.Error:
         return (0, 0)
     assert row is not None
     return (int(row[0]), int(row[1]))
 
 
-@pytest.mark.parametrize("mode", ["stream", "batch"])
 def test_postgres_stopped_for_a_minute_loses_no_event(
-    spark: Any, tmp_path: Path, own_postgres: pg.PostgresService, mode: str
+    spark: Any, tmp_path: Path, own_postgres: pg.PostgresService
 ) -> None:
     dsn = own_postgres.dsn
     config = make_config(
-        tmp_path, {"type": "postgres", "dsn": dsn, "mode": mode, "batch_period_s": 1.0}
+        tmp_path,
+        lambda mode: {"type": "postgres", "dsn": dsn, "table_name_template": f"events_{mode}"},
     )
+
+    def counts_are(n: int) -> bool:
+        return all(pg_counts(dsn, f"events_{mode}") == (n, n) for mode in MODES)
+
     with running(config, spark) as (bus, _pipeline):
         append(bus, 0, 50)
-        wait_for(lambda: pg_counts(dsn) == (50, 50), "the first 50 rows")
+        wait_for(lambda: counts_are(50), "the first 50 rows")
         pg._stop(pg.postgres_bindir(), pg._server_os_user(), own_postgres.data_dir)
         stopped_at = time.monotonic()
         try:
             append(bus, 50, 50)
-            wait_for(lambda: status(config).consecutive_failures >= 1, "a failure in the status")
-            assert status(config).last_error
+            wait_for(
+                lambda: every(config, lambda s: s.consecutive_failures >= 1),
+                "a failure in the status",
+            )
+            assert every(config, lambda s: bool(s.last_error))
             time.sleep(max(0.0, HOLD_S - (time.monotonic() - stopped_at)))  # the outage itself
-            assert status(config).state == "retrying"
+            assert every(config, lambda s: s.state == "retrying")
         finally:
             restart_postgres(own_postgres)
-        wait_for(lambda: pg_counts(dsn) == (100, 100), "every event once after the restart")
-        wait_for(lambda: status(config).state == "running", "the destination healthy again")
+        wait_for(lambda: counts_are(100), "every event once after the restart")
+        wait_for(lambda: every(config, lambda s: s.state == "running"), "healthy again")
     assert os.path.exists(config.data_dir / "status" / "pipeline.json")
