@@ -1,7 +1,7 @@
 """Mirrors (``apply: upsert``): a PostgreSQL table read by the CDC reader onto the embedded log,
-then applied by the pipeline into DuckDB and into another PostgreSQL database, which end equal
-to the source row for row and column for column; a bad change among many is isolated; with
-``on_error: stop`` the destination stays at its last committed batch."""
+then applied by the pipeline into DuckDB, another PostgreSQL database and ClickHouse (chdb),
+which end equal to the source row for row and column for column; a bad change among many is
+isolated; with ``on_error: stop`` the destination stays at its last committed batch."""
 
 from __future__ import annotations
 
@@ -56,20 +56,36 @@ def target(postgres_service: PostgresService) -> str:
     return postgres_service.fresh_database(f"dst_{time.monotonic_ns()}")
 
 
-def config_for(tmp_path: Path, target: str, **dest: Any) -> HeadwaterConfig:
+def config_for(
+    tmp_path: Path, target: str, clickhouse: Path | None = None, **dest: Any
+) -> HeadwaterConfig:
     common = {"apply": "upsert", "topic_pattern": r"cdc\..*", **dest}
+    destinations = [
+        {"id": "duck", "type": "duckdb", "path": str(tmp_path / "m.duckdb"), **common},
+        {"id": "pg", "type": "postgres", "dsn": target, **common},
+    ]
+    if clickhouse is not None:  # chdb: one data folder per process, a database per test
+        database = {"database": f"m{uuid.uuid4().hex[:12]}"}
+        ch = {"id": "ch", "type": "clickhouse", "path": str(clickhouse), "options": database}
+        destinations.append({**ch, **common})
     return HeadwaterConfig.model_validate(
         {
             "data_dir": str(tmp_path / "data"),
             "bus": {"embedded": {"durability": "never"}},
-            "pipeline": {
-                "destinations": [
-                    {"id": "duck", "type": "duckdb", "path": str(tmp_path / "m.duckdb"), **common},
-                    {"id": "pg", "type": "postgres", "dsn": target, **common},
-                ]
-            },
+            "pipeline": {"destinations": destinations},
         }
     )
+
+
+def clickhouse_rows(config: HeadwaterConfig, select: str) -> list[tuple[Any, ...]]:
+    """Rows of the ClickHouse mirror: ``select`` with {db} for its database."""
+    from headwater.destinations.clickhouse.client import embedded_session
+
+    ch = next(d for d in config.pipeline.destinations if d.type == "clickhouse")
+    assert ch.path is not None
+    sql = select.format(db=f"`{ch.options['database']}`")
+    result = embedded_session(ch.path).query(sql, "ArrowTable")
+    return [tuple(r.values()) for r in result.to_pylist()]
 
 
 def read_into_log(dsn: str, log_dir: Path, state: Path, until: int) -> None:
@@ -134,13 +150,13 @@ def row_sql(i: int) -> str:
     )
 
 
-def test_a_table_is_mirrored_into_duckdb_and_postgres(
-    spark: Any, source: str, target: str, tmp_path: Path
+def test_a_table_is_mirrored_into_duckdb_postgres_and_clickhouse(
+    spark: Any, source: str, target: str, tmp_path: Path, chdb_path: Path
 ) -> None:
     execute(
         source, TABLE, f"insert into kinds values {', '.join(row_sql(i) for i in range(1, 201))}"
     )
-    config = config_for(tmp_path, target)
+    config = config_for(tmp_path, target, chdb_path)
     state = tmp_path / "state"
     read_into_log(source, config.log_dir(), state, 200)
     execute(
@@ -161,12 +177,19 @@ def test_a_table_is_mirrored_into_duckdb_and_postgres(
     expected = source_rows(source)
     assert len(expected) == 300 - 75 and duck_rows(tmp_path / "m.duckdb") == expected
     assert source_rows(target) == expected
+    # ClickHouse's String holds the bytes; chdb hands Strings over as UTF-8: compared as hex
+    ch_columns = COLUMNS.replace(" b,", " lower(hex(b)),")
+    ch = clickhouse_rows(config, f"SELECT {ch_columns} FROM {{db}}.kinds FINAL")
+    as_hex = [tuple(v.hex() if isinstance(v, bytes) else v for v in r) for r in expected]
+    assert table_rows(ch) == as_hex
     with duckdb.connect(str(tmp_path / "m.duckdb"), read_only=True) as c:
         extra = dict(c.execute("select id, extra from kinds where extra is not null").fetchall())
     assert extra == {i: f"x{i}" for i in range(1, 50) if i % 4 and i != 7}
 
 
-def test_truncate_and_toast(spark: Any, source: str, target: str, tmp_path: Path) -> None:
+def test_truncate_and_toast(
+    spark: Any, source: str, target: str, tmp_path: Path, chdb_path: Path
+) -> None:
     execute(
         source,
         "create table docs (id int primary key, title text, body text)",
@@ -174,7 +197,7 @@ def test_truncate_and_toast(spark: Any, source: str, target: str, tmp_path: Path
         "insert into docs select g, 't' || g, repeat('x', 10000) || g "
         "from generate_series(1, 20) g",
     )
-    config = config_for(tmp_path, target)
+    config = config_for(tmp_path, target, chdb_path)
     state = tmp_path / "state"
     read_into_log(source, config.log_dir(), state, 20)
     Pipeline(config, spark).run_once()
@@ -196,6 +219,9 @@ def test_truncate_and_toast(spark: Any, source: str, target: str, tmp_path: Path
         assert sorted(c.execute("select id, title, body from docs").fetchall()) == expected
     with psycopg.connect(target) as c:
         assert sorted(c.execute("select id, title, body from docs").fetchall()) == expected
+    assert sorted(clickhouse_rows(config, "SELECT id, title, body FROM {db}.docs FINAL")) == (
+        expected
+    )
 
 
 def poison(log_dir: Path, topic: str, ids: list[int]) -> None:
@@ -213,11 +239,11 @@ def poison(log_dir: Path, topic: str, ids: list[int]) -> None:
 
 
 def test_isolate_fails_only_the_bad_changes(
-    spark: Any, source: str, target: str, tmp_path: Path
+    spark: Any, source: str, target: str, tmp_path: Path, chdb_path: Path
 ) -> None:
     execute(source, "create table t (id int primary key, n numeric(6,2))")
     execute(source, "insert into t select g, g / 100.0 from generate_series(1, 10000) g")
-    config = config_for(tmp_path, target)
+    config = config_for(tmp_path, target, chdb_path)
     state = tmp_path / "state"
     read_into_log(source, config.log_dir(), state, 10000)
     bus = EmbeddedBus(config.log_dir(), read_only=True)
@@ -232,9 +258,10 @@ def test_isolate_fails_only_the_bad_changes(
         assert c.execute("select count(*), min(id), max(id) from t").fetchone() == (10000, 1, 10000)
     with psycopg.connect(target) as c:
         assert c.execute("select count(*) from t").fetchone() == (10000,)
+    assert clickhouse_rows(config, "SELECT count() FROM {db}.t FINAL") == [(10000,)]
     failed = FailedStore(config).events()
     assert sorted((f.destination, json.loads(f.value)["key"]["id"]) for f in failed) == sorted(
-        (d, i) for d in ("duck", "pg") for i in (20001, 20002, 20003)
+        (d, i) for d in ("duck", "pg", "ch") for i in (20001, 20002, 20003)
     )
     assert {f.step for f in failed} == {"apply"}
 

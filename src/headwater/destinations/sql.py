@@ -359,7 +359,8 @@ class SqlDestination(Destination):
         split in halves until each bad change is alone. Returns the bad changes (``topic``,
         ``part``, ``offset``, ``code``, ``reason``); records the batch. Applying a prefix of
         the changes again (a crash in between) converges to the same tables."""
-        failed: list[dict[str, Any]] = []
+        from headwater.transport.apply import isolate
+
         with self._using() as s:
             s.begin()
             try:
@@ -376,34 +377,17 @@ class SqlDestination(Destination):
                 try:
                     self._apply(s, one, tables, writer_id, last - first + 1)
                     s.commit()
-                    return
-                except Exception as exc:
+                except BaseException:
                     s.rollback()
-                    error = self.classify(exc) if not isinstance(exc, HeadwaterError) else exc
-                    if isinstance(error, TransientError):
-                        raise error from exc
-                    if first == last:
-                        rows = s.execute(
-                            f"SELECT topic, part, _hw_order FROM {numbered} x "
-                            f"WHERE _hw_rn = {first}"
-                        )
-                        topic, part, offset = rows[0]
-                        failed.append(
-                            {
-                                "topic": topic,
-                                "part": int(part),
-                                "offset": int(offset),
-                                "code": getattr(error, "code", "HW-DST-001"),
-                                "reason": str(exc).strip(),
-                            }
-                        )
-                        return
-                middle = (first + last) // 2
-                group(first, middle)
-                group(middle + 1, last)
+                    raise
 
-            if n:
-                group(1, n)
+            def where(i: int) -> tuple[str, int, int]:
+                rows = s.execute(
+                    f"SELECT topic, part, _hw_order FROM {numbered} x WHERE _hw_rn = {i}"
+                )
+                return rows[0][0], int(rows[0][1]), int(rows[0][2])
+
+            failed = isolate(n, group, where, self.classify)
             self._drop_changes(s, numbered)
             commit_with_ledger(
                 s,

@@ -559,11 +559,10 @@ def _mark_mirror(
 ) -> int | None:
     """Set a mirror destination's own next offset; the previous one."""
     from headwater.destinations import open_destination
-    from headwater.destinations.sql import SqlDestination
+    from headwater.transport.apply import mirror_of
 
-    destination = open_destination(dest, config.data_dir)
+    destination = mirror_of(open_destination(dest, config.data_dir))
     try:
-        assert isinstance(destination, SqlDestination)
         previous = destination.writer_offsets(dest.id).get((topic, partition))
         destination.mark_offsets(dest.id, {(topic, partition): target})
         return previous

@@ -64,14 +64,28 @@ def status_cmd(ctx: click.Context, fmt: str) -> None:
                 state if updated else "-",
                 status.get("position"),
                 None if lag is None else f"{lag} B",
+                status.get("changes"),
                 age,
                 status.get("error"),
             ]
         )
         for namespace, entry in sorted(status.get("namespaces", {}).items()):
-            rows.append(["", f"  {namespace}", entry.get("phase"), entry.get("rows"), "", "", ""])
+            count = entry.get("rows", entry.get("lines"))
+            rows.append(
+                [
+                    "",
+                    f"  {namespace}",
+                    entry.get("phase"),
+                    entry.get("position"),
+                    entry.get("lag"),
+                    count,
+                    "",
+                    None,
+                ]
+            )
     if fmt == "text":
         if not config.transport.readers:
             click.echo("no readers: transport.readers is empty")
             return
-        click.echo(table(["READER", "TYPE", "STATE", "POSITION", "LAG", "UPDATED", "ERROR"], rows))
+        headers = ["READER", "TYPE", "STATE", "POSITION", "LAG", "ROWS", "UPDATED", "ERROR"]
+        click.echo(table(headers, rows))

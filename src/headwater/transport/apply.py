@@ -21,10 +21,16 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
+
+from headwater.errors import HeadwaterError, TransientError
+
+if TYPE_CHECKING:
+    from headwater.destinations.base import StagedPart
 
 ORDER = "_hw_order"
 CHANGES = pa.schema(
@@ -79,6 +85,98 @@ class MirrorTable:
             name,
             tuple(MirrorColumn(str(c["name"]), str(c["type"]), bool(c["key"])) for c in columns),
         )
+
+
+class MirrorDestination(Protocol):
+    """What a destination does for ``apply: upsert`` (DuckDB and PostgreSQL through
+    ``SqlDestination``; ClickHouse on its own)."""
+
+    def committed(self, writer_id: str) -> int | None: ...
+
+    def ensure_mirror(self, table: MirrorTable) -> Any: ...
+
+    def apply_changes(
+        self,
+        writer_id: str,
+        batch_id: int | None,
+        parts: Sequence[StagedPart],
+        tables: Sequence[MirrorTable],
+        offsets: Mapping[tuple[str, int], int] | None = None,
+    ) -> bool: ...
+
+    def apply_isolated(
+        self,
+        writer_id: str,
+        batch_id: int,
+        parts: Sequence[StagedPart],
+        tables: Sequence[MirrorTable],
+        offsets: Mapping[tuple[str, int], int] | None = None,
+    ) -> list[dict[str, Any]]: ...
+
+    def writer_offsets(self, writer_id: str) -> dict[tuple[str, int], int]: ...
+
+    def mark_offsets(self, writer_id: str, offsets: Mapping[tuple[str, int], int]) -> None: ...
+
+    def stage(
+        self, writer_id: str, batch_id: int, task: str, tables: Mapping[str, pa.Table]
+    ) -> list[StagedPart]: ...
+
+    def discard_staged(
+        self, writer_id: str, batch_id: int, parts: Sequence[StagedPart]
+    ) -> None: ...
+
+    def clean_staging(self, writer_id: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def isolate(
+    n: int,
+    apply: Callable[[int, int], None],
+    where: Callable[[int], tuple[str, int, int]],
+    classify: Callable[[Exception], HeadwaterError],
+) -> list[dict[str, Any]]:
+    """``on_error: isolate``: apply changes 1..n in order by groups (``apply(first, last)``,
+    each on its own), a failing group split in halves until each bad change is alone. Returns
+    the bad changes (``topic``, ``part``, ``offset`` from ``where(i)``, ``code``, ``reason``);
+    a transient error is raised (the batch is tried again later)."""
+    failed: list[dict[str, Any]] = []
+
+    def group(first: int, last: int) -> None:
+        try:
+            apply(first, last)
+            return
+        except Exception as exc:
+            error = exc if isinstance(exc, HeadwaterError) else classify(exc)
+            if isinstance(error, TransientError):
+                raise error from exc
+            if first == last:
+                topic, part, offset = where(first)
+                failed.append(
+                    {
+                        "topic": topic,
+                        "part": int(part),
+                        "offset": int(offset),
+                        "code": getattr(error, "code", "HW-DST-001"),
+                        "reason": str(exc).strip(),
+                    }
+                )
+                return
+        middle = (first + last) // 2
+        group(first, middle)
+        group(middle + 1, last)
+
+    if n:
+        group(1, n)
+    return failed
+
+
+def mirror_of(destination: object) -> MirrorDestination:
+    """``destination`` as a mirror destination; a clear error when it cannot be one."""
+    if not hasattr(destination, "apply_changes"):
+        kind = getattr(destination, "kind", type(destination).__name__)
+        raise TypeError(f"{kind} destinations cannot mirror tables (apply: upsert)")
+    return destination  # type: ignore[return-value]
 
 
 def q(ident: str) -> str:
@@ -243,18 +341,18 @@ _DUCK_TYPES = {
     "bytea": "BLOB",
     "interval": "INTERVAL",
 }
-_PRECISION = re.compile(r"\(\d+\)")
-_NUMERIC = re.compile(r"numeric\((\d+),(\d+)\)")
+PRECISION = re.compile(r"\(\d+\)")  # timestamp(3) with time zone -> its base type
+NUMERIC = re.compile(r"numeric\((\d+),(\d+)\)")
 
 
 class DuckDBApply(ApplySql):
     def target_type(self, source_type: str) -> str:
         if source_type.endswith("[]"):
             return self.target_type(source_type[:-2]) + "[]"
-        m = _NUMERIC.fullmatch(source_type)
+        m = NUMERIC.fullmatch(source_type)
         if m:  # DuckDB's DECIMAL holds 38 digits; wider numbers stay exact as text
             return f"DECIMAL({m[1]},{m[2]})" if int(m[1]) <= 38 else "VARCHAR"
-        return _DUCK_TYPES.get(_PRECISION.sub("", source_type), "VARCHAR")
+        return _DUCK_TYPES.get(PRECISION.sub("", source_type), "VARCHAR")
 
     def last(self, value: str, where: str | None = None) -> str:
         # keeps one value per group, where array_agg would hold them all (large TOASTed texts)

@@ -36,13 +36,18 @@ from headwater.config.model import HeadwaterConfig
 from headwater.destinations.base import StagedPart
 from headwater.errors import TerminalError, TransientError
 from headwater.pipeline.config import DestinationConfig
-from headwater.transport.apply import CHANGES, CHANGES_TABLE, MirrorTable
+from headwater.transport.apply import (
+    CHANGES,
+    CHANGES_TABLE,
+    MirrorDestination,
+    MirrorTable,
+    mirror_of,
+)
 from headwater.transport.message import HEADER_NAMESPACE
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from headwater.destinations.sql import SqlDestination
 
 log = logging.getLogger(__name__)
 BAD_MESSAGE = "HW-TRN-003"  # a record that is not a transport message
@@ -100,20 +105,18 @@ class MirrorWriter:
         self.config = config
         self.dest = dest
         self.schemas = Schemas(config.checkpoint_dir() / f"{dest.id}.mirror.json")
-        self._destination: SqlDestination | None = None
+        self._destination: MirrorDestination | None = None
         self.last: MirrorStats | None = None
         self.batches = 0
         self.written = 0
         self.failed_events = 0
 
     @property
-    def destination(self) -> SqlDestination:
+    def destination(self) -> MirrorDestination:
         if self._destination is None:
             from headwater.destinations import open_destination
-            from headwater.destinations.sql import SqlDestination
 
-            destination = open_destination(self.dest, self.config.data_dir)
-            assert isinstance(destination, SqlDestination)
+            destination = mirror_of(open_destination(self.dest, self.config.data_dir))
             destination.clean_staging(self.dest.id)
             self._destination = destination
         return self._destination

@@ -48,10 +48,12 @@ from headwater.destinations.batches import (
     staged_paths,
     utc_timestamps,
 )
+from headwater.destinations.clickhouse import mirror
 from headwater.destinations.clickhouse.dialect import ClickHouseDialect
 from headwater.destinations.sql import LEDGER, TableChanged
 from headwater.destinations.types import ColumnType
 from headwater.errors import HeadwaterError
+from headwater.transport.apply import MirrorTable, isolate
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -314,10 +316,7 @@ class ClickHouseDestination(Destination):
                 self._insert_select(
                     writer_id, batch_id, name, cols, select, schema=schemas.get(name)
                 )
-            self.query(
-                f"INSERT INTO {self.dialect.quote(self.database)}.{LEDGER} "
-                f"VALUES ('{_lit(writer_id)}', {int(batch_id)}, now64(6))"
-            )
+            self._record(writer_id, batch_id)
         remove_files(parts)
         return True
 
@@ -327,8 +326,181 @@ class ClickHouseDestination(Destination):
     def clean_staging(self, writer_id: str) -> None:
         remove_writer_staging(self.staging, writer_id)
 
+    # -- apply: upsert (transport mirrors; see clickhouse/mirror.py) ------------------------
+    def _mirror_tables(self) -> None:
+        db = self.dialect.quote(self.database)
+        self.query(
+            f"CREATE TABLE IF NOT EXISTS {db}.{mirror.TRUNCATES} (writer_id String, "
+            "namespace String, lsn Int64) ENGINE = ReplacingMergeTree(lsn) "
+            "ORDER BY (writer_id, namespace)"
+        )
+        self.query(
+            f"CREATE TABLE IF NOT EXISTS {db}.{mirror.OFFSETS_TABLE} (writer_id String, "
+            "topic String, part Int64, next_offset Int64) ENGINE = "
+            "ReplacingMergeTree(next_offset) ORDER BY (writer_id, topic, part)"
+        )
+
+    def ensure_mirror(self, table: MirrorTable) -> TableSchema:
+        """Create the mirror table, or add the columns it lacks."""
+        with self._lock:
+            self._mirror_tables()
+            ref = self._table_ref(table.name)
+            have = self.table(table.name)
+            if have is None:
+                self.query(mirror.create_sql(ref, table))
+            else:
+                for c in table.columns:
+                    if c.name not in have.columns:
+                        self.query(
+                            f"ALTER TABLE {ref} ADD COLUMN IF NOT EXISTS "
+                            f"{mirror.q(c.name)} {mirror.column_sql(c)}"
+                        )
+            after = self.table(table.name)
+        assert after is not None
+        return after
+
+    def writer_offsets(self, writer_id: str) -> dict[tuple[str, int], int]:
+        with self._lock:
+            self._mirror_tables()
+            rows = self.query(
+                f"SELECT topic, part, max(next_offset) FROM "
+                f"{self.dialect.quote(self.database)}.{mirror.OFFSETS_TABLE} "
+                f"WHERE writer_id = '{_lit(writer_id)}' GROUP BY topic, part"
+            )
+        return {(str(t), int(p)): int(o) for t, p, o in rows}
+
+    def mark_offsets(self, writer_id: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Move the writer's offsets forward (ClickHouse keeps the highest)."""
+        if not offsets:
+            return
+        with self._lock:
+            self._mirror_tables()
+            values = ", ".join(
+                f"('{_lit(writer_id)}', '{_lit(t)}', {int(p)}, {int(o)})"
+                for (t, p), o in offsets.items()
+            )
+            self.query(
+                f"INSERT INTO {self.dialect.quote(self.database)}.{mirror.OFFSETS_TABLE} "
+                f"VALUES {values}"
+            )
+
+    def apply_changes(
+        self,
+        writer_id: str,
+        batch_id: int | None,
+        parts: Sequence[StagedPart],
+        tables: Sequence[MirrorTable],
+        offsets: Mapping[tuple[str, int], int] | None = None,
+    ) -> bool:
+        """Apply the staged changes (see clickhouse/mirror.py); each step idempotent, the
+        ledger row last. ``batch_id`` None: a step (no ledger row)."""
+        with self._lock:
+            if batch_id is not None and self._recorded(writer_id, batch_id):
+                remove_files(parts)
+                return False
+            if parts:
+                source = self._staged_source(parts)
+                tag = f"{writer_id}:{batch_id}" if batch_id is not None else None
+                for t in tables:
+                    self._apply_table(source, t, writer_id, batch_id, tag)
+            self.mark_offsets(writer_id, offsets or {})
+            if batch_id is not None:
+                self._record(writer_id, batch_id)
+        remove_files(parts)
+        return True
+
+    def apply_isolated(
+        self,
+        writer_id: str,
+        batch_id: int,
+        parts: Sequence[StagedPart],
+        tables: Sequence[MirrorTable],
+        offsets: Mapping[tuple[str, int], int] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Apply the changes in order in groups (halves, and halves of halves), each one
+        deduplicated insert per table, until every bad change is alone; the bad ones back."""
+        with self._lock:
+            source = self._staged_source(parts)
+            numbered = (
+                f"(SELECT *, row_number() OVER (ORDER BY part, {mirror.ORDER}) AS _hw_rn "
+                f"FROM {source} n)"
+            )
+            n = int(self.query(f"SELECT count() FROM {source} x")[0][0])
+
+            def group(first: int, last: int) -> None:
+                one = f"(SELECT * FROM {numbered} g WHERE _hw_rn BETWEEN {first} AND {last})"
+                tag = f"{writer_id}:{batch_id}:g{first}-{last}"
+                for t in tables:
+                    self._apply_table(one, t, writer_id, batch_id, tag, rank_from=first)
+
+            def where(i: int) -> tuple[str, int, int]:
+                row = self.query(
+                    f"SELECT topic, part, {mirror.ORDER} FROM {numbered} x WHERE _hw_rn = {i}"
+                )[0]
+                return str(row[0]), int(row[1]), int(row[2])
+
+            failed = isolate(n, group, where, classify)
+            self.mark_offsets(writer_id, offsets or {})
+            self._record(writer_id, batch_id)
+        remove_files(parts)
+        return failed
+
+    def _staged_source(self, parts: Sequence[StagedPart]) -> str:
+        files = " UNION ALL ".join(
+            f"SELECT * FROM file('{_lit(p)}', Parquet)" for p in staged_paths(parts)
+        )
+        return f"({files})"
+
+    def _apply_table(
+        self,
+        source: str,
+        t: MirrorTable,
+        writer_id: str,
+        batch_id: int | None,
+        tag: str | None,
+        rank_from: int = 1,
+    ) -> None:
+        db = self.dialect.quote(self.database)
+        ref = self._table_ref(t.name)
+        newest_sql, recorded_sql, record = mirror.truncate_statements(source, t, ref, db, writer_id)
+        newest = self.query(newest_sql)[0][0]
+        recorded = self.query(recorded_sql)[0][0]
+        if newest is not None and (recorded is None or int(newest) > int(recorded)):
+            self.query(f"TRUNCATE TABLE {ref}")
+            self.query(f"{record}{int(newest)})")
+            recorded = newest
+        since = max(int(x) for x in (newest or -1, recorded or -1))
+        if batch_id is None:  # a step: above its batch's rows, below the next batch's
+            done = self.committed(writer_id)
+            base = ((0 if done is None else done + 1) << mirror.BATCH_SHIFT) + mirror.STEP_BASE
+            select = mirror.rows_select(source, t, ref, since, base, rank=False)
+            token = f"{writer_id}:step:{t.name}:{unique_token()}"
+        else:
+            base = (batch_id + 1) << mirror.BATCH_SHIFT
+            select = mirror.rows_select(source, t, ref, since, base + rank_from - 1)
+            token = f"{tag}:{t.name}"
+        cols = ", ".join(mirror.q(c) for c in mirror.insert_columns(t))
+        self.query(
+            f"INSERT INTO {ref} ({cols}) SETTINGS insert_deduplication_token = "
+            f"'{_lit(token)}', insert_deduplicate = 1, join_use_nulls = 0, "
+            f"short_circuit_function_evaluation = 'force_enable', {SQUASH} {select}"
+        )
+
+    def _record(self, writer_id: str, batch_id: int) -> None:
+        self.query(
+            f"INSERT INTO {self.dialect.quote(self.database)}.{LEDGER} "
+            f"VALUES ('{_lit(writer_id)}', {int(batch_id)}, now64(6))"
+        )
+
     def close(self) -> None:
         """The embedded server stays up for the process (chdb allows one)."""
+
+
+def unique_token() -> str:
+    """A token no earlier insert used (a step's rows are always new)."""
+    import uuid
+
+    return uuid.uuid4().hex
 
 
 def _lit(value: str) -> str:
