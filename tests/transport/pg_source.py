@@ -26,6 +26,11 @@ def execute(dsn: str, *statements: str, params: Any = None) -> None:
             c.execute(s, params)
 
 
+def slot_of(dsn: str) -> str:
+    """The test reader's slot: slots are per cluster, and each test has its own database."""
+    return f"s_{dsn.rsplit('/', 1)[1]}"
+
+
 def reader_config(dsn: str, **fields: Any) -> PostgresReaderConfig:
     body: dict[str, Any] = {
         "id": "src",
@@ -35,7 +40,7 @@ def reader_config(dsn: str, **fields: Any) -> PostgresReaderConfig:
         "heartbeat_s": 0.5,
         "linger_ms": 5,
         "partitions": 1,  # one order to assert on; test_partitions checks several
-        "slot": f"s_{dsn.rsplit('/', 1)[1]}",  # slots are per cluster, databases per test
+        "slot": slot_of(dsn),
     }
     body.update(fields)
     return PostgresReaderConfig.model_validate(body)
@@ -109,6 +114,16 @@ def slot_confirmed(dsn: str, slot: str) -> int:
             (slot,),
         ).fetchone()
     return int(row[0]) if row and row[0] is not None else 0
+
+
+def wait_caught_up(dsn: str, slot: str, timeout: float) -> None:
+    """Wait until the reader of ``slot`` acknowledged everything written to the WAL so far."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("select pg_logical_emit_message(false, 'end', '')")  # a last position
+        row = c.execute("select pg_current_wal_lsn() - '0/0'").fetchone()
+    assert row is not None
+    end = int(row[0])
+    wait_until("the reader caught up", lambda: slot_confirmed(dsn, slot) >= end, timeout)
 
 
 def drop_slots(dsn: str) -> None:

@@ -5,16 +5,9 @@ log; and a reader SIGKILLed again and again while it appends leaves every row ex
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import os
 import random
-import signal
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,59 +16,33 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from tests.transport import reader_harness as harness
+from tests.transport.reader_harness import (
+    BUS_CONFIG,
+    LAUNCHERS,
+    Killed,
+    dies_on_save,
+    kill,
+    read_all,
+    start_child,
+    wait_until,
+)
 
 from headwater.bus.embedded.backend import EmbeddedBus
-from headwater.bus.embedded.config import EmbeddedBusConfig
-from headwater.bus.records import Record
 from headwater.transport.config import FilesReaderConfig
 from headwater.transport.files.reader import FilesReader, json_row, plain
 from headwater.transport.message import Change, Mode, Op, decode
 from headwater.transport.reader import read_json, read_status, write_json
 
-BUS_CONFIG = EmbeddedBusConfig(default_partitions=2)
 READER = "files"
-DEADLINE_S = 30.0
-
-# The child of the SIGKILL test: opens the log at argv[1] and runs the reader of argv[3] (JSON)
-# with its state in argv[2] until it is killed.
-CHILD = """
-import sys, threading
-from pathlib import Path
-import orjson
-from headwater.bus.embedded.backend import EmbeddedBus
-from headwater.bus.embedded.config import EmbeddedBusConfig
-from headwater.transport.config import TransportConfig
-from headwater.transport.reader import reader_class
-config = TransportConfig.model_validate({"readers": [orjson.loads(sys.argv[3])]}).readers[0]
-bus = EmbeddedBus(Path(sys.argv[1]), EmbeddedBusConfig(default_partitions=2))
-reader_class(config.type)(config, bus, Path(sys.argv[2])).run(threading.Event())
-"""
 
 
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 def make_config(directory: Path, fmt: str = "jsonl", **fields: Any) -> FilesReaderConfig:
     body = {"id": READER, "type": "files", "path": directory, "format": fmt, "poll_s": 0.02}
     return FilesReaderConfig.model_validate({**body, **fields})
-
-
-def read_all(bus: EmbeddedBus, topic: str, partition: int) -> list[Record]:
-    low, high = bus.watermarks(topic, partition)
-    out: list[Record] = []
-    while low < high:
-        batch = bus.read(topic, partition, low, max_records=high - low)
-        out.extend(batch)
-        low = batch[-1].offset + 1
-    return out
 
 
 def log_changes(bus: EmbeddedBus) -> dict[str, list[Change]]:
@@ -102,34 +69,16 @@ def rows(bus: EmbeddedBus) -> dict[str, list[dict[str, Any] | None]]:
     return {ns: [c.data for c in changes] for ns, changes in log_changes(bus).items()}
 
 
-class Running:
-    """A reader running on a thread; ``stop`` ends it and re-raises what it raised."""
+class Running(harness.Running):
+    """A files reader on a thread, which can also wait for its polls."""
 
-    def __init__(self, reader: FilesReader) -> None:
-        self.reader = reader
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.reader.run(self._stop)
-        except BaseException as e:
-            self.error = e
+    reader: FilesReader
 
     def polled(self, times: int = 2) -> None:
         """Wait until the reader has looked at its files ``times`` more times."""
         target = self.reader.passes + times
         wait_until(lambda: self.reader.passes >= target or self.error is not None, "a poll")
         assert self.error is None, self.error
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(DEADLINE_S)
-        assert not self._thread.is_alive(), "the reader did not stop"
-        if self.error is not None:
-            raise self.error
 
 
 @contextmanager
@@ -325,26 +274,6 @@ def test_restart_resumes_without_duplicates(bus: EmbeddedBus, src: Path, state: 
     assert read_status(state)["namespaces"]["a.jsonl"]["lines"] == 150
 
 
-class Killed(Exception):
-    """Stands for a SIGKILL between a durable append and the save of the state."""
-
-
-def dies_on_save(reader: FilesReader, saves: int) -> None:
-    """Make ``reader`` die at its state save number ``saves + 1``, after the append it was to
-    record."""
-    count = 0
-    save = reader.save_state
-
-    def save_state(body: dict[str, Any]) -> None:
-        nonlocal count
-        count += 1
-        if count > saves:
-            raise Killed
-        save(body)
-
-    reader.save_state = save_state  # type: ignore[method-assign]
-
-
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
 def test_state_behind_the_log_gives_no_duplicate(
     fmt: str, bus: EmbeddedBus, src: Path, state: Path
@@ -380,18 +309,6 @@ def test_state_behind_the_log_gives_no_duplicate(
 
 # -- SIGKILL ----------------------------------------------------------------------------------
 
-LAUNCHERS = [
-    pytest.param("script", id="script"),
-    pytest.param(
-        "role",
-        id="headwater-transport",
-        marks=pytest.mark.skipif(
-            importlib.util.find_spec("headwater.ops.transport_role") is None,
-            reason="the `headwater transport` role is not there yet",
-        ),
-    ),
-]
-
 
 def _progress(state: Path) -> int:
     try:
@@ -399,32 +316,6 @@ def _progress(state: Path) -> int:
     except ValueError:
         return 0
     return sum(f["offset"] for f in files.values())
-
-
-def _start_child(launcher: str, data: Path, config: FilesReaderConfig) -> subprocess.Popen[bytes]:
-    """The reader in a process of its own: a small script, or ``headwater transport``."""
-    if launcher == "script":
-        args = ["-c", CHILD, str(data / "log"), str(data / "transport" / READER)]
-        args.append(config.model_dump_json())
-    else:
-        body = {
-            "data_dir": str(data),
-            "bus": {"backend": "embedded", "embedded": {"default_partitions": 2}},
-            "transport": {"port": 0, "readers": [orjson.loads(config.model_dump_json())]},
-        }
-        (data.parent / "headwater.yaml").write_bytes(orjson.dumps(body))
-        args = ["-m", "headwater", "transport", "--config", str(data.parent / "headwater.yaml")]
-    return subprocess.Popen(
-        [sys.executable, *args],
-        stdout=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-
-
-def _kill(child: subprocess.Popen[bytes]) -> None:
-    child.send_signal(signal.SIGKILL)
-    child.wait(DEADLINE_S)
-    assert child.returncode == -signal.SIGKILL
 
 
 @pytest.mark.slow
@@ -451,22 +342,22 @@ def test_sigkill_while_appending_loses_and_repeats_nothing(
         add_lines(name, 6000)
     kills = 0
     for round_ in range(5):
-        child = _start_child(launcher, data, config)
+        child = start_child(launcher, data, config)
         try:
             floor = _progress(state)
             target = floor + rng.randint(20_000, 200_000)
             wait_until(lambda t=target: _progress(state) >= t, f"progress in round {round_}")
         finally:
-            _kill(child)
+            kill(child)
         kills += 1
         add_lines(rng.choice(["a.jsonl", "b.jsonl", "c.jsonl"]), 2000)
         add_lines(f"new{round_}.jsonl", 500)
     total = sum((src / name).stat().st_size for name in written)
-    child = _start_child(launcher, data, config)
+    child = start_child(launcher, data, config)
     try:
         wait_until(lambda: _progress(state) == total, "the last run to read everything", 120)
     finally:
-        _kill(child)
+        kill(child)
     assert kills >= 3
     with EmbeddedBus(data / "log", BUS_CONFIG) as bus:
         found = rows(bus)

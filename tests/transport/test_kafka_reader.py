@@ -6,60 +6,37 @@ exactly once."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import random
-import signal
-import subprocess
-import sys
-import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from tests.transport.reader_harness import (
+    BUS_CONFIG,
+    LAUNCHERS,
+    Killed,
+    Running,
+    dies_on_save,
+    kill,
+    read_all,
+    start_child,
+    wait_until,
+)
 
 from headwater.bus.embedded.backend import EmbeddedBus
-from headwater.bus.embedded.config import EmbeddedBusConfig
-from headwater.bus.records import Record
 from headwater.testing.kafka import KafkaCluster
 from headwater.transport.config import KafkaReaderConfig
 from headwater.transport.kafka.reader import KafkaReader, parse_position, record_change
 from headwater.transport.message import Change, Mode, Op, decode
 from headwater.transport.reader import read_json, read_status
 
-BUS_CONFIG = EmbeddedBusConfig(default_partitions=2)
 READER = "kafka"
-DEADLINE_S = 60.0
-
-# The child of the SIGKILL test: opens the log at argv[1] and runs the reader of argv[3] (JSON)
-# with its state in argv[2] until it is killed.
-CHILD = """
-import sys, threading
-from pathlib import Path
-import orjson
-from headwater.bus.embedded.backend import EmbeddedBus
-from headwater.bus.embedded.config import EmbeddedBusConfig
-from headwater.transport.config import TransportConfig
-from headwater.transport.reader import reader_class
-config = TransportConfig.model_validate({"readers": [orjson.loads(sys.argv[3])]}).readers[0]
-bus = EmbeddedBus(Path(sys.argv[1]), EmbeddedBusConfig(default_partitions=2))
-reader_class(config.type)(config, bus, Path(sys.argv[2])).run(threading.Event())
-"""
 
 
 # -- helpers ----------------------------------------------------------------------------------
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def make_topic(broker: KafkaCluster, partitions: int) -> str:
@@ -105,16 +82,6 @@ def make_config(broker: KafkaCluster, topic: str, **fields: Any) -> KafkaReaderC
     return KafkaReaderConfig.model_validate({**body, **fields})
 
 
-def read_all(bus: EmbeddedBus, topic: str, partition: int) -> list[Record]:
-    low, high = bus.watermarks(topic, partition)
-    out: list[Record] = []
-    while low < high:
-        batch = bus.read(topic, partition, low, max_records=high - low)
-        out.extend(batch)
-        low = batch[-1].offset + 1
-    return out
-
-
 def by_source(bus: EmbeddedBus, topic: str) -> dict[int, list[Change]]:
     """The changes of an external topic on the log by source partition, in log order; each
     source partition must be in one partition of the log."""
@@ -142,30 +109,6 @@ def offsets(changes: dict[int, list[Change]]) -> dict[int, list[int]]:
 
 def count(bus: EmbeddedBus, topic: str) -> int:
     return sum(len(cs) for cs in by_source(bus, topic).values())
-
-
-class Running:
-    """A reader running on a thread; ``stop`` ends it and re-raises what it raised."""
-
-    def __init__(self, reader: KafkaReader) -> None:
-        self.reader = reader
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.reader.run(self._stop)
-        except BaseException as e:
-            self.error = e
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(DEADLINE_S)
-        assert not self._thread.is_alive(), "the reader did not stop"
-        if self.error is not None:
-            raise self.error
 
 
 def saved_offsets(state: Path) -> dict[str, int]:
@@ -275,26 +218,6 @@ def test_restart_resumes_from_its_offsets(
     assert read_json(state / "state.json")["offsets"] == {f"{topic}/{p}": 50 for p in range(3)}
 
 
-class Killed(Exception):
-    """Stands for a SIGKILL between a durable append and the save of the offsets."""
-
-
-def dies_on_save(reader: KafkaReader, saves: int) -> None:
-    """Make ``reader`` die at its state save number ``saves + 1``, after the append it was to
-    record."""
-    count = 0
-    save = reader.save_state
-
-    def save_state(body: dict[str, Any]) -> None:
-        nonlocal count
-        count += 1
-        if count > saves:
-            raise Killed
-        save(body)
-
-    reader.save_state = save_state  # type: ignore[method-assign]
-
-
 @pytest.mark.kafka
 @pytest.mark.slow
 def test_state_behind_the_log_gives_no_duplicate(
@@ -362,44 +285,6 @@ def test_topic_made_later_is_picked_up(
 
 # -- SIGKILL ----------------------------------------------------------------------------------
 
-LAUNCHERS = [
-    pytest.param("script", id="script"),
-    pytest.param(
-        "role",
-        id="headwater-transport",
-        marks=pytest.mark.skipif(
-            importlib.util.find_spec("headwater.ops.transport_role") is None,
-            reason="the `headwater transport` role is not there yet",
-        ),
-    ),
-]
-
-
-def _start_child(launcher: str, data: Path, config: KafkaReaderConfig) -> subprocess.Popen[bytes]:
-    """The reader in a process of its own: a small script, or ``headwater transport``."""
-    if launcher == "script":
-        args = ["-c", CHILD, str(data / "log"), str(data / "transport" / READER)]
-        args.append(config.model_dump_json())
-    else:
-        body = {
-            "data_dir": str(data),
-            "bus": {"backend": "embedded", "embedded": {"default_partitions": 2}},
-            "transport": {"port": 0, "readers": [orjson.loads(config.model_dump_json())]},
-        }
-        (data.parent / "headwater.yaml").write_bytes(orjson.dumps(body))
-        args = ["-m", "headwater", "transport", "--config", str(data.parent / "headwater.yaml")]
-    return subprocess.Popen(
-        [sys.executable, *args],
-        stdout=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-
-
-def _kill(child: subprocess.Popen[bytes]) -> None:
-    child.send_signal(signal.SIGKILL)
-    child.wait(DEADLINE_S)
-    assert child.returncode == -signal.SIGKILL
-
 
 @pytest.mark.kafka
 @pytest.mark.slow
@@ -419,22 +304,22 @@ def test_sigkill_while_appending_loses_and_repeats_nothing(
     produce(kafka_broker, topic, numbered(3, 0, per_partition))
     kills = 0
     for round_ in range(4):
-        child = _start_child(launcher, data, config)
+        child = start_child(launcher, data, config)
         try:
             target = sum(saved_offsets(state).values()) + rng.randint(1_000, 6_000)
             wait_until(lambda t=target: sum(saved_offsets(state).values()) >= t, f"round {round_}")
         finally:
-            _kill(child)
+            kill(child)
         kills += 1
         produce(kafka_broker, topic, numbered(3, per_partition, 1_000))
         per_partition += 1_000
-    child = _start_child(launcher, data, config)
+    child = start_child(launcher, data, config)
     try:
         wait_until(
             lambda: sum(saved_offsets(state).values()) == 3 * per_partition, "the last run", 120
         )
     finally:
-        _kill(child)
+        kill(child)
     assert kills >= 3
     with EmbeddedBus(data / "log", BUS_CONFIG) as bus:
         changes = by_source(bus, topic)

@@ -8,9 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-import time
 import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,6 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from tests.transport.pg_source import (
-    drop_slots,
     execute,
     messages,
     reader_config,
@@ -33,7 +30,6 @@ from headwater.config.model import HeadwaterConfig
 from headwater.ops.cli import cli as main_cli
 from headwater.pipeline.failed import FailedStore
 from headwater.pipeline.runner import Pipeline
-from headwater.testing.postgres import PostgresService
 from headwater.transport.message import Change, Mode, Op, encode
 
 pytestmark = pytest.mark.slow
@@ -42,18 +38,6 @@ TABLE = """create table kinds (
     id bigint primary key, n numeric(12, 2), ts timestamptz, j jsonb, ints int[], b bytea,
     u uuid, f float8, ok boolean, note text)"""
 COLUMNS = "id, n, ts, j, ints, b, u, f, ok, note"
-
-
-@pytest.fixture
-def source(postgres_service: PostgresService) -> Iterator[str]:
-    dsn = postgres_service.fresh_database(f"src_{time.monotonic_ns()}")
-    yield dsn
-    drop_slots(dsn)
-
-
-@pytest.fixture
-def target(postgres_service: PostgresService) -> str:
-    return postgres_service.fresh_database(f"dst_{time.monotonic_ns()}")
 
 
 def config_for(

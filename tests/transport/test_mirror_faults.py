@@ -12,20 +12,17 @@ import random
 import signal
 import subprocess
 import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import psycopg
 import pytest
-from tests.transport.pg_source import drop_slots, execute, wait_until
+from tests.transport.pg_source import execute, reader_config, slot_of, wait_caught_up
 from tests.transport.test_mirror import norm
 
 from headwater.testing.collector import CollectorProcess
 from headwater.testing.pipeline_process import start_pipeline, stop
-from headwater.testing.postgres import PostgresService
 
 pytestmark = pytest.mark.slow
 KILLS = 6
@@ -36,33 +33,15 @@ TABLE = """create table items (
 COLUMNS = "id, price, seen, attrs, tags, raw, ref, score, note, body"
 
 
-@pytest.fixture
-def source(postgres_service: PostgresService) -> Iterator[str]:
-    dsn = postgres_service.fresh_database(f"fsrc_{time.monotonic_ns()}")
-    yield dsn
-    drop_slots(dsn)
-
-
-@pytest.fixture
-def target(postgres_service: PostgresService) -> str:
-    return postgres_service.fresh_database(f"fdst_{time.monotonic_ns()}")
-
-
 def write_config(tmp_path: Path, source: str, target: str) -> Path:
     mirror = {"apply": "upsert", "mode": "stream", "trigger_interval_s": 0.5}
     doc = {
         "data_dir": str(tmp_path / "data"),
         "transport": {
             "readers": [
-                {
-                    "id": "src",
-                    "type": "postgres",
-                    "dsn": source,
-                    "tables": ["items"],
-                    "slot": f"s_{source.rsplit('/', 1)[1]}",
-                    "partitions": 2,
-                    "heartbeat_s": 1,
-                }
+                reader_config(source, tables=["items"], partitions=2, heartbeat_s=1).model_dump(
+                    mode="json"
+                )
             ]
         },
         "pipeline": {
@@ -165,19 +144,7 @@ def test_mirrors_equal_the_source_after_kills(source: str, target: str, tmp_path
             pipeline = start_pipeline(config, tmp_path / "pipeline.log")
         writer.join(600)
         assert len(done) == OPERATIONS
-        with psycopg.connect(source, autocommit=True) as c:
-            c.execute("select pg_logical_emit_message(false, 'end', '')")
-            end = c.execute("select pg_current_wal_lsn() - '0/0'").fetchone()[0]
-
-        def read_all() -> bool:
-            with psycopg.connect(source) as c:
-                row = c.execute(
-                    "select confirmed_flush_lsn - '0/0' from pg_replication_slots "
-                    "where database = current_database() and slot_type = 'logical'"
-                ).fetchone()
-            return row is not None and row[0] >= end
-
-        wait_until("the reader caught up", read_all, timeout=300)
+        wait_caught_up(source, slot_of(source), timeout=300)
         assert reader.stop() == 0
         stop(pipeline, signal.SIGTERM)
         pipeline = None

@@ -6,13 +6,11 @@ with a clear error."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
-from headwater.testing.postgres import PostgresService
 from headwater.transport.postgres.pgoutput import (
     UNCHANGED,
     Begin,
@@ -28,17 +26,6 @@ from headwater.transport.postgres.pgoutput import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def dsn(postgres_service: PostgresService) -> Iterator[str]:
-    """A scratch database of the session's PostgreSQL (slots and publications are per
-    database)."""
-    name = f"pgoutput_{time.monotonic_ns()}"
-    with psycopg.connect(postgres_service.dsn, autocommit=True) as c:
-        c.execute(f"create database {name}")
-    s = postgres_service
-    yield f"postgresql://{s.user}@{s.host}:{s.port}/{name}"
 
 
 def changes(dsn: str, statements: list[str], until: type) -> list[Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,6 @@ from pathlib import Path
 import psycopg
 import pytest
 from tests.transport.pg_source import (
-    drop_slots,
     execute,
     messages,
     reader_config,
@@ -26,7 +24,6 @@ from tests.transport.pg_source import (
 )
 
 from headwater.bus.embedded.backend import EmbeddedBus
-from headwater.testing.postgres import PostgresService
 from headwater.transport.message import Mode, Op, decode
 from headwater.transport.reader import read_json, read_status
 
@@ -37,13 +34,6 @@ create table kinds (
     id bigint primary key, n numeric(12, 2), big numeric, ts timestamptz, d date,
     j jsonb, ints int[], texts text[], b bytea, u uuid, f float8, ok boolean, note text
 )"""
-
-
-@pytest.fixture
-def dsn(postgres_service: PostgresService) -> Iterator[str]:
-    dsn = postgres_service.fresh_database(f"cdc_{time.monotonic_ns()}")
-    yield dsn
-    drop_slots(dsn)
 
 
 @pytest.fixture

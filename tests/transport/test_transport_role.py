@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,23 +14,22 @@ import duckdb
 import psycopg
 import pytest
 from click.testing import CliRunner
-from tests.transport.pg_source import drop_slots, execute, messages, wait_until
+from tests.transport.pg_source import (
+    execute,
+    messages,
+    reader_config,
+    slot_of,
+    wait_caught_up,
+    wait_until,
+)
 
 from headwater.bus.embedded.backend import EmbeddedBus
 from headwater.ops.cli import cli
 from headwater.testing.collector import CollectorProcess
-from headwater.testing.postgres import PostgresService
 from headwater.transport.message import Op
 
 pytestmark = pytest.mark.slow
 ROLE = ("transport", "--port", "0")
-
-
-@pytest.fixture
-def dsn(postgres_service: PostgresService) -> Any:
-    dsn = postgres_service.fresh_database(f"role_{time.monotonic_ns()}")
-    yield dsn
-    drop_slots(dsn)
 
 
 def write_config(tmp_path: Path, dsn: str) -> Path:
@@ -39,15 +37,9 @@ def write_config(tmp_path: Path, dsn: str) -> Path:
         "data_dir": str(tmp_path / "data"),
         "transport": {
             "readers": [
-                {
-                    "id": "src",
-                    "type": "postgres",
-                    "dsn": dsn,
-                    "tables": ["t"],
-                    "slot": f"s_{dsn.rsplit('/', 1)[1]}",
-                    "partitions": 1,
-                    "heartbeat_s": 1,
-                }
+                reader_config(dsn, tables=["t"], partitions=1, heartbeat_s=1).model_dump(
+                    mode="json"
+                )
             ]
         },
     }
@@ -145,19 +137,7 @@ def test_sigkills_lose_nothing(dsn: str, tmp_path: Path) -> None:
         p.wait_healthy()
         with psycopg.connect(dsn) as c:
             source = dict(c.execute("select id, v from t").fetchall())
-            c.execute("select pg_logical_emit_message(true, 'end', '')")  # a last position
-        with psycopg.connect(dsn) as c:
-            end = c.execute("select pg_current_wal_lsn() - '0/0'").fetchone()[0]
-
-        def caught_up() -> bool:
-            with psycopg.connect(dsn) as c:
-                row = c.execute(
-                    "select confirmed_flush_lsn - '0/0' from pg_replication_slots "
-                    "where database = current_database()"
-                ).fetchone()
-            return row is not None and row[0] >= end
-
-        wait_until("the reader caught up", caught_up, timeout=120)
+        wait_caught_up(dsn, slot_of(dsn), timeout=120)
         assert p.stop() == 0
     finally:
         p.close()

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
 class Section(BaseModel):
     """A section of ``headwater.yaml``. Unknown keys are rejected so typos are named."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+def _identifier(v: str) -> str:
+    if not _ID.match(v):
+        raise ValueError("must be 1-63 of a-z, 0-9, _ and -, starting with a letter or digit")
+    return v
+
+
+# The id of a destination or a reader: it names files, checkpoints and topics.
+Identifier = Annotated[str, AfterValidator(_identifier)]

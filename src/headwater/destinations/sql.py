@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from headwater.transport.apply import ApplySql, MirrorTable
 
 LEDGER = "_headwater_batches"
-CHANGES_SOURCE = "_hw_apply"  # the temporary table of a batch's staged changes
 
 
 class TableChanged(TransientError):

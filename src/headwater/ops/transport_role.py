@@ -13,10 +13,9 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from headwater.bus import open_bus
-from headwater.bus.errors import LogLocked
 from headwater.config.model import HeadwaterConfig
 from headwater.ops.errors import BadInput
+from headwater.ops.role import health_site, open_role_bus
 from headwater.ops.up import describe_bus, remove_signals, stop_on_signals
 
 
@@ -33,44 +32,29 @@ async def serve_transport(
         raise BadInput("transport.readers is empty: there is nothing to read")
     stop = stop or asyncio.Event()
     installed = stop_on_signals(stop)
-    if config.bus.backend == "embedded":
-        config.data_dir.mkdir(parents=True, exist_ok=True)
     try:
-        bus = await asyncio.to_thread(open_bus, config)
-    except LogLocked:
+        bus = await open_role_bus(config, "transport readers", "reader processes")
+    except BaseException:
         remove_signals(installed)
-        raise BadInput(
-            f"the embedded log at {config.log_dir()} is held by another process: `headwater up` "
-            "runs the transport readers itself; separate reader processes need bus: kafka"
-        ) from None
+        raise
     readers = Readers(config, bus)
 
     async def healthz(_: web.Request) -> web.Response:
         failing = ", ".join(f"{k}: {v}" for k, v in readers.errors.items())
         return web.Response(text=f"ok (failing: {failing})" if failing else "ok")
 
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    listen = (host or config.transport.host, config.transport.port if port is None else port)
     try:
-        await runner.setup()
-        site = web.TCPSite(
-            runner,
-            host or config.transport.host,
-            config.transport.port if port is None else port,
-            reuse_address=True,
-        )
-        await site.start()
-        bound = site._server.sockets[0].getsockname()  # type: ignore[union-attr]
-        echo(f"headwater: bus open: {describe_bus(config)}")
-        echo(f"headwater: health at http://{bound[0]}:{bound[1]}/healthz")
-        task = asyncio.create_task(readers.run(stop), name="transport")
-        echo(f"headwater: transport ready (readers: {', '.join(readers.names)}; stop with SIGTERM)")
-        await stop.wait()
-        echo("headwater: stopping")
-        await task
+        async with health_site(*listen, healthz) as url:
+            echo(f"headwater: bus open: {describe_bus(config)}")
+            echo(f"headwater: health at {url}")
+            task = asyncio.create_task(readers.run(stop), name="transport")
+            names = ", ".join(readers.names)
+            echo(f"headwater: transport ready (readers: {names}; stop with SIGTERM)")
+            await stop.wait()
+            echo("headwater: stopping")
+            await task
     finally:
-        await runner.cleanup()
         await asyncio.to_thread(bus.close)
         remove_signals(installed)
     echo("headwater: stopped")

@@ -14,10 +14,9 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from headwater.bus import open_bus
-from headwater.bus.errors import LogLocked
 from headwater.config.model import HeadwaterConfig
 from headwater.ops.errors import BadInput
+from headwater.ops.role import health_site, open_role_bus
 from headwater.ops.up import describe_bus, remove_signals, stop_on_signals
 
 
@@ -35,49 +34,34 @@ async def serve_webhooks(
         raise BadInput("webhooks.receivers is empty: there is nothing for the workers to do")
     stop = stop or asyncio.Event()
     installed = stop_on_signals(stop)
-    if config.bus.backend == "embedded":
-        config.data_dir.mkdir(parents=True, exist_ok=True)
     try:
-        bus = await asyncio.to_thread(open_bus, config)
-    except LogLocked:
-        raise BadInput(
-            f"the embedded log at {config.log_dir()} is held by another process: `headwater up` "
-            "runs the webhook workers itself; separate worker processes need bus: kafka"
-        ) from None
+        bus = await open_role_bus(config, "webhook workers", "worker processes")
+    except BaseException:
+        remove_signals(installed)
+        raise
     ready = False
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(status=200 if ready else 503, text="ok" if ready else "starting")
 
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     store = None
+    listen = (host or config.webhooks.host, config.webhooks.port if port is None else port)
     try:
         store = await asyncio.to_thread(open_state, config)
-        await runner.setup()
-        site = web.TCPSite(
-            runner,
-            host or config.webhooks.host,
-            config.webhooks.port if port is None else port,
-            reuse_address=True,
-        )
-        await site.start()
-        bound = site._server.sockets[0].getsockname()  # type: ignore[union-attr]
-        echo(f"headwater: bus open: {describe_bus(config)}")
-        echo(f"headwater: health at http://{bound[0]}:{bound[1]}/healthz")
-        workers = Workers(config.webhooks, bus, store)
-        task = asyncio.create_task(workers.run(stop), name="webhooks")
-        task.add_done_callback(lambda _: stop.set())
-        await asyncio.to_thread(workers.create_topics)
-        ready = True
-        names = ", ".join(r.name for r in config.webhooks.receivers)
-        echo(f"headwater: webhook workers ready (receivers: {names}; stop with SIGTERM)")
-        await stop.wait()
-        echo("headwater: stopping")
-        await task
+        async with health_site(*listen, healthz) as url:
+            echo(f"headwater: bus open: {describe_bus(config)}")
+            echo(f"headwater: health at {url}")
+            workers = Workers(config.webhooks, bus, store)
+            task = asyncio.create_task(workers.run(stop), name="webhooks")
+            task.add_done_callback(lambda _: stop.set())
+            await asyncio.to_thread(workers.create_topics)
+            ready = True
+            names = ", ".join(r.name for r in config.webhooks.receivers)
+            echo(f"headwater: webhook workers ready (receivers: {names}; stop with SIGTERM)")
+            await stop.wait()
+            echo("headwater: stopping")
+            await task
     finally:
-        await runner.cleanup()
         if store is not None:
             store.close()
         await asyncio.to_thread(bus.close)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from headwater.config.base import Section
+from headwater.config.base import Identifier, Section
 from headwater.transport.functions import FunctionConfig
 
 DESTINATION_TYPES = (
@@ -25,7 +25,6 @@ DESTINATION_TYPES = (
 MIRROR_TYPES = ("duckdb", "postgres", "clickhouse")  # destinations that can apply: upsert
 DEFAULT_TOPIC_PATTERN = r"events-.*|clickstream-.*"
 MIRROR_TOPIC_PATTERN = r"cdc\..*"  # the transport readers' default topics
-_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
 class MappingField(Section):
@@ -69,7 +68,7 @@ class EnrichmentRule(Section):
 
 
 class DestinationConfig(Section):
-    id: str = Field(description="Names the destination: its query, checkpoint and ledger.")
+    id: Identifier = Field(description="Names the destination: its query, checkpoint and ledger.")
     type: str = Field(description=f"One of: {', '.join(DESTINATION_TYPES)}.")
     mode: Literal["stream", "batch"] = Field(
         "batch", description="stream: continuously; batch: all available every batch_period_s."
@@ -140,13 +139,6 @@ class DestinationConfig(Section):
         if isinstance(data, dict) and data.get("apply") == "upsert" and "topic_pattern" not in data:
             return {**data, "topic_pattern": MIRROR_TOPIC_PATTERN}
         return data
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, v: str) -> str:
-        if not _ID.match(v):
-            raise ValueError("must be 1-63 of a-z, 0-9, _ and -, starting with a letter or digit")
-        return v
 
     @field_validator("type")
     @classmethod

@@ -9,16 +9,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from headwater.config.base import Section
+from headwater.config.base import Identifier, Section
 
-_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _IDENT = re.compile(r"^[a-z_][a-z0-9_$]{0,62}$")
 DEFAULT_TOPIC_PATTERN = "cdc.{reader}.{namespace}"
 TOPIC_FIELDS = ("reader", "namespace", "database", "schema", "table")
 
 
 class ReaderBase(Section):
-    id: str = Field(description="Names the reader: its state, its status and its topics.")
+    id: Identifier = Field(description="Names the reader: its state, its status and its topics.")
     topic: str = Field(
         DEFAULT_TOPIC_PATTERN,
         description="Topic per namespace: text with {reader}, {namespace}, and for postgres "
@@ -33,13 +32,6 @@ class ReaderBase(Section):
     linger_ms: float = Field(
         20.0, ge=0, description="How long a partly filled batch waits for more changes."
     )
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, v: str) -> str:
-        if not _ID.match(v):
-            raise ValueError("must be 1-63 of a-z, 0-9, _ and -, starting with a letter or digit")
-        return v
 
     @field_validator("topic")
     @classmethod

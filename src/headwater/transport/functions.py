@@ -55,7 +55,7 @@ import importlib
 import re
 from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal, InvalidOperation
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import orjson
 from pydantic import Field, TypeAdapter, field_validator, model_validator
@@ -101,54 +101,45 @@ class FunctionConfigError(ConfigError):
 # --- the functions ------------------------------------------------------------------------
 
 
-class PickFunction(Section):
+class _ColumnsFunction(Section):
+    """``pick`` and ``omit``: a list of data columns, each kept or removed."""
+
+    fields: list[str]
+    keeps: ClassVar[bool]  # True: the listed columns are kept; False: they are removed
+
+    @field_validator("fields")
+    @classmethod
+    def _fields(cls, v: list[str]) -> list[str]:
+        return _names(v)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.fields}"  # type: ignore[attr-defined]
+
+    @functools.cached_property
+    def _column(self) -> Callable[[str], str | None]:
+        listed, keeps = frozenset(self.fields), self.keeps
+        return lambda c: c if (c in listed) == keeps else None
+
+    def apply(self, message: Message) -> Message:
+        """``message`` with the listed columns kept (pick) or removed (omit)."""
+        return _reshape(message, self._column, key=False)
+
+
+class PickFunction(_ColumnsFunction):
     name: Literal["pick"]
     fields: list[str] = Field(
         min_length=1, description="The data columns kept (in data, before and unchanged)."
     )
-
-    @field_validator("fields")
-    @classmethod
-    def _fields(cls, v: list[str]) -> list[str]:
-        return _names(v)
-
-    @property
-    def label(self) -> str:
-        return f"pick {self.fields}"
-
-    @functools.cached_property
-    def _column(self) -> Callable[[str], str | None]:
-        kept = frozenset(self.fields)
-        return lambda c: c if c in kept else None
-
-    def apply(self, message: Message) -> Message:
-        """``message`` with only the picked columns."""
-        return _reshape(message, self._column, key=False)
+    keeps: ClassVar[bool] = True
 
 
-class OmitFunction(Section):
+class OmitFunction(_ColumnsFunction):
     name: Literal["omit"]
     fields: list[str] = Field(
         min_length=1, description="The data columns removed (from data, before and unchanged)."
     )
-
-    @field_validator("fields")
-    @classmethod
-    def _fields(cls, v: list[str]) -> list[str]:
-        return _names(v)
-
-    @property
-    def label(self) -> str:
-        return f"omit {self.fields}"
-
-    @functools.cached_property
-    def _column(self) -> Callable[[str], str | None]:
-        dropped = frozenset(self.fields)
-        return lambda c: None if c in dropped else c
-
-    def apply(self, message: Message) -> Message:
-        """``message`` without the omitted columns."""
-        return _reshape(message, self._column, key=False)
+    keeps: ClassVar[bool] = False
 
 
 class RenameFunction(Section):

@@ -25,6 +25,7 @@ a writer's namespace filter does not parse the value.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
@@ -92,6 +93,11 @@ class Change:
         if self.columns is not None:
             out["columns"] = self.columns
         return out
+
+
+def now_ms() -> int:
+    """Now, in milliseconds since the epoch (a change's ``ts`` when the source has none)."""
+    return int(time.time() * 1000)
 
 
 def record_key(key: dict[str, Any] | None) -> bytes | None:

@@ -82,6 +82,7 @@ class Schemas:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._changed = False
         try:
             self.columns: dict[str, list[dict[str, Any]]] = orjson.loads(path.read_bytes())
         except FileNotFoundError:
@@ -92,12 +93,18 @@ class Schemas:
         the mirror, so it is kept at the end."""
         known = self.columns.get(namespace, [])
         names = {c["name"] for c in columns}
-        self.columns[namespace] = [*columns, *(c for c in known if c["name"] not in names)]
+        learned = [*columns, *(c for c in known if c["name"] not in names)]
+        if learned != known:
+            self.columns[namespace] = learned
+            self._changed = True
 
     def save(self) -> None:
+        """Write the file when something new was learned since the last save."""
         from headwater.transport.reader import write_json
 
-        write_json(self.path, self.columns)
+        if self._changed:
+            write_json(self.path, self.columns)
+            self._changed = False
 
 
 class MirrorWriter:

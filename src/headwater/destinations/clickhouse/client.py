@@ -124,6 +124,7 @@ class ClickHouseDestination(Destination):
         self._keys: dict[str, tuple[str, ...]] = {}
         claim(path)
         self._started: Any = None
+        self._mirrors_ready = False
 
     def _session(self) -> Any:
         """The embedded server, with the database and the ledger (made on first use)."""
@@ -328,6 +329,9 @@ class ClickHouseDestination(Destination):
 
     # -- apply: upsert (transport mirrors; see clickhouse/mirror.py) ------------------------
     def _mirror_tables(self) -> None:
+        """Make the mirrors' own tables (once per destination)."""
+        if self._mirrors_ready:
+            return
         db = self.dialect.quote(self.database)
         self.query(
             f"CREATE TABLE IF NOT EXISTS {db}.{mirror.TRUNCATES} (writer_id String, "
@@ -339,6 +343,7 @@ class ClickHouseDestination(Destination):
             "topic String, part Int64, next_offset Int64) ENGINE = "
             "ReplacingMergeTree(next_offset) ORDER BY (writer_id, topic, part)"
         )
+        self._mirrors_ready = True
 
     def ensure_mirror(self, table: MirrorTable) -> TableSchema:
         """Create the mirror table, or add the columns it lacks."""

@@ -48,7 +48,6 @@ from headwater.destinations.batches import (
 )
 from headwater.destinations.postgres.dialect import PostgresDialect
 from headwater.destinations.sql import (
-    CHANGES_SOURCE,
     LEDGER,
     Session,
     SqlDestination,
@@ -71,6 +70,7 @@ LEDGER_SQL = [
 ]
 CSV_OPTIONS = pacsv.WriteOptions(include_header=False, quoting_style="needed")
 STAGING_SCHEMA = "headwater_staging"
+CHANGES_SOURCE = "_hw_apply"  # the temporary table of a mirror batch's staged changes
 _DROP_AT_ONCE = 100  # staging tables per DROP (each takes a lock)
 
 

@@ -26,7 +26,6 @@ import datetime
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from decimal import Decimal
@@ -38,7 +37,7 @@ import orjson
 from headwater.bus.base import Bus
 from headwater.errors import TransientError
 from headwater.transport.config import FilesReaderConfig
-from headwater.transport.message import Change, Mode, Op, topic_name
+from headwater.transport.message import Change, Mode, Op, now_ms, topic_name
 from headwater.transport.reader import Reader, log_tail, wait_durable
 
 if TYPE_CHECKING:
@@ -209,10 +208,6 @@ def _count_lines(path: Path, start: int, end: int) -> int:
             count += block.count(b"\n")
             start += len(block)
     return count
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # -- the reader ------------------------------------------------------------------------------
@@ -471,7 +466,7 @@ class FilesReader(Reader):
 
     # -- appending --------------------------------------------------------------------------
     def _add(self, rel: str, row: dict[str, Any], position: str) -> None:
-        change = Change(Op.INSERT, rel, _now_ms(), data=row, position=position)
+        change = Change(Op.INSERT, rel, now_ms(), data=row, position=position)
         self.appender.add(change, Mode.SYNC, pin=rel)
         self.changes += 1
 

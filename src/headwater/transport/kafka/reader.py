@@ -34,7 +34,7 @@ from headwater.bus.base import Bus
 from headwater.bus.kafka.client import load_kafka
 from headwater.errors import HeadwaterError
 from headwater.transport.config import KafkaReaderConfig
-from headwater.transport.message import Change, Mode, Op, topic_name
+from headwater.transport.message import Change, Mode, Op, now_ms, topic_name
 from headwater.transport.reader import Reader, log_tail, wait_durable
 
 log = logging.getLogger(__name__)
@@ -114,10 +114,6 @@ def transient(error: BaseException) -> bool:
         kafka.KafkaError._RESOLVE,
     }
     return bool(err.retriable()) or err.code() in unreachable
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # -- the reader -------------------------------------------------------------------------------
@@ -293,7 +289,7 @@ class KafkaReader(Reader):
         sp = (topic, partition)
         if offset < self._next.get(sp, 0):
             return  # given again after a restart of the fetch: already added
-        change = record_change(topic, partition, offset, message.key(), message.value(), _now_ms())
+        change = record_change(topic, partition, offset, message.key(), message.value(), now_ms())
         self.appender.add(change, Mode.SYNC, pin=f"{topic}/{partition}")
         self._next[sp] = offset + 1
         self.changes += 1

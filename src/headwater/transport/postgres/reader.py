@@ -34,11 +34,12 @@ from typing import Any
 from headwater.bus.base import Bus
 from headwater.bus.records import Position
 from headwater.transport.config import PostgresReaderConfig
-from headwater.transport.message import Change, Mode, Op
+from headwater.transport.message import Change, Mode, Op, now_ms
 from headwater.transport.postgres import pgoutput
 from headwater.transport.postgres.catalog import (
     SourceError,
     Table,
+    TableColumn,
     Types,
     connect,
     database,
@@ -222,7 +223,7 @@ class PostgresReader(Reader):
                 if stop.is_set():
                     return
                 namespace = self._namespace(schema, name)
-                ts = int(time.time() * 1000)
+                ts = now_ms()
                 self.appender.add(Change(Op.COMPLETE, namespace, ts), Mode.COMPLETE)
                 if not wait_durable(self.appender.send(), stop):
                     return
@@ -271,7 +272,7 @@ class PostgresReader(Reader):
     def _copy_row(self, shape: _Shape, line: str, position: str) -> None:
         values = [copy_field(f) for f in line.split("\t")]
         data, _ = shape.row(values)
-        ts = int(time.time() * 1000)
+        ts = now_ms()
         change = Change(Op.READ, shape.namespace, ts, data, shape.key_of(values))
         change.schema = shape.schema
         change.position = position
@@ -279,22 +280,10 @@ class PostgresReader(Reader):
 
     # -- shapes -----------------------------------------------------------------------------
     def _shape_of(self, t: Table) -> _Shape:
-        assert self._types is not None
-        namespace = self._namespace(t.schema, t.name)
-        columns = [{"name": c.name, "type": c.sql_type, "key": c.key} for c in t.columns]
-        return _Shape(
-            namespace=namespace,
-            topic=self.appender.topic(namespace, database=self._db, schema=t.schema, table=t.name),
-            names=tuple(c.name for c in t.columns),
-            converters=tuple(self._types.converter(c.type_oid) for c in t.columns),
-            key=tuple(i for i, c in enumerate(t.columns) if c.key),
-            columns=columns,
-            schema=_schema_id(columns),
-        )
+        return self._shape(t.schema, t.name, t.columns)
 
     def _relation(self, rel: pgoutput.Relation) -> None:
         assert self._types is not None
-        namespace = self._namespace(rel.namespace, rel.name)
         keys = [c.key for c in rel.columns]
         if rel.replica_identity == "f":  # every column is flagged: the key is the primary key
             primary = {
@@ -302,31 +291,32 @@ class PostgresReader(Reader):
             }
             keys = [c.name in primary for c in rel.columns] if primary else keys
         columns = [
-            {
-                "name": c.name,
-                "type": self._types.sql_type(c.type_oid, c.type_modifier),
-                "key": k,
-            }
+            TableColumn(c.name, c.type_oid, self._types.sql_type(c.type_oid, c.type_modifier), k)
             for c, k in zip(rel.columns, keys, strict=True)
         ]
-        topic = self.appender.topic(
-            namespace, database=self._db, schema=rel.namespace, table=rel.name
-        )
-        self._shapes[rel.oid] = _Shape(
+        self._shapes[rel.oid] = self._shape(rel.namespace, rel.name, columns)
+
+    def _shape(self, schema: str, name: str, columns: Sequence[TableColumn]) -> _Shape:
+        """How a table's rows are converted (from the catalog for a copy, from a relation
+        message for the stream)."""
+        assert self._types is not None
+        namespace = self._namespace(schema, name)
+        described = [{"name": c.name, "type": c.sql_type, "key": c.key} for c in columns]
+        return _Shape(
             namespace=namespace,
-            topic=topic,
-            names=tuple(c.name for c in rel.columns),
-            converters=tuple(self._types.converter(c.type_oid) for c in rel.columns),
-            key=tuple(i for i, k in enumerate(keys) if k),
-            columns=columns,
-            schema=_schema_id(columns),
+            topic=self.appender.topic(namespace, database=self._db, schema=schema, table=name),
+            names=tuple(c.name for c in columns),
+            converters=tuple(self._types.converter(c.type_oid) for c in columns),
+            key=tuple(i for i, c in enumerate(columns) if c.key),
+            columns=described,
+            schema=_schema_id(described),
         )
 
     def _announce(self, shape: _Shape, mode: Mode, ts: int | None = None) -> None:
         """Send the namespace's schema before its first change, and again when it changes."""
         if self._announced.get(shape.namespace) == shape.schema:
             return
-        ts = ts if ts is not None else int(time.time() * 1000)
+        ts = ts if ts is not None else now_ms()
         change = Change(Op.SCHEMA, shape.namespace, ts, schema=shape.schema, columns=shape.columns)
         self.appender.add(change, mode, shape.topic)
         self._announced[shape.namespace] = shape.schema
