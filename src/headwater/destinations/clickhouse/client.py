@@ -22,6 +22,7 @@ be tested here (``clickhouse-connect`` would be the way: the same SQL, Arrow ins
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -102,7 +103,20 @@ def embedded_session(path: Path) -> Any:
         if _SESSIONS[key] is None:
             path.mkdir(parents=True, exist_ok=True)
             _SESSIONS[key] = session.Session(key)
+            atexit.register(close_embedded)
         return _SESSIONS[key]
+
+
+def close_embedded() -> None:
+    """Stop the process's embedded server while the interpreter is whole. Left to the
+    session's ``__del__`` during interpreter teardown, chdb's shutdown can run after its own
+    thread pools are gone and the process dies with SIGSEGV after everything succeeded (seen
+    at the end of a test run, exit code 139)."""
+    with _SESSIONS_LOCK:
+        for key, started in list(_SESSIONS.items()):
+            if started is not None:
+                started.close()
+                _SESSIONS[key] = None
 
 
 def database_lock(path: Path, database: str) -> threading.RLock:
