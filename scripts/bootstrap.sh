@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what headwater needs to run and to test, idempotently:
-#   - system packages (Java 17, PostgreSQL 15 server, Redis, the PostgreSQL JDBC driver) via apt,
+#   - system packages (Java 17, PostgreSQL 15 server, Redis, the PostgreSQL JDBC driver, Chromium
+#     for the console's browser tests) via apt,
 #     running `apt-get update` only when something is missing;
 #   - the virtualenv .venv (Python 3.11 or newer);
 #   - the package itself, editable with the `dev` extra, reinstalled only when pyproject.toml
@@ -28,6 +29,7 @@ declare -A SYSTEM_PACKAGES=(
     [redis-server]=/usr/bin/redis-server
     [libpostgresql-jdbc-java]=/usr/share/java/postgresql.jar
     [maven]=/usr/bin/mvn
+    [chromium]=/usr/bin/chromium
 )
 
 say() { printf 'bootstrap: %s\n' "$*" >&2; }

@@ -5,6 +5,9 @@ one store."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import random
 import threading
 import time
 import uuid
@@ -21,7 +24,16 @@ from headwater.webhooks.state import (
     Status,
     UnknownMessage,
 )
-from headwater.webhooks.state.base import CALLBACK, DELIVER, POLL, Claim, ReceiverState
+from headwater.webhooks.state.base import (
+    CALLBACK,
+    DELIVER,
+    POLL,
+    Claim,
+    Cursor,
+    MessageState,
+    ReceiverState,
+    cursor,
+)
 from headwater.webhooks.state.redis import RedisState
 from headwater.webhooks.state.sqlite import SqliteState
 
@@ -298,3 +310,231 @@ def test_done_messages_are_forgotten_after_their_retention(store: StateStore) ->
     assert store.purge(before=60.0, limit=5) == 1
     created, again = store.arrive("s", "old", "r", b"{}", 70.0)  # a repeat is new now
     assert created and again.status is Status.ARRIVED
+
+
+def _walk(
+    store: StateStore,
+    source_id: str | None,
+    status: str | None,
+    receiver: str | None,
+    limit: int,
+    before: Cursor | None = None,
+) -> list[Cursor]:
+    """Every message listed (after ``before``), page after page."""
+    seen: list[Cursor] = []
+    while page := store.messages(source_id, status, receiver, limit, before):
+        assert len(page) <= limit
+        assert before is None or cursor(page[0]) < before  # on past it (a bad cursor: no hang)
+        seen += [cursor(m) for m in page]
+        before = seen[-1]
+    return seen
+
+
+def _counts(**by_status: int) -> dict[str, int]:
+    return {s.value: by_status.get(s.name, 0) for s in Status}
+
+
+def test_messages_are_listed_newest_first(store: StateStore) -> None:
+    store.arrive("b", "m1", "ci", b"{}", 5.0)
+    store.arrive("a", "m2", "ci", b"{}", 5.0)
+    store.arrive("ab", "m0", "ci", b"{}", 5.0)  # ("a", ...) < ("ab", ...): ids are compared
+    store.arrive("a", "m1", "ci", b"{}", 5.0)
+    store.arrive("a", "m3", "other", b'{"x": 1}', 7.0)
+    store.arrive("c", "m0", "ci", b"{}", 1.0)
+    store.advance("c", "m0", Status.DELIVERED_TO_RECEIVER, 6.0)  # a change moves it up
+    listed = store.messages(None, None, None, 10)
+    assert [cursor(m) for m in listed] == [
+        (7.0, "a", "m3"),
+        (6.0, "c", "m0"),
+        (5.0, "b", "m1"),
+        (5.0, "ab", "m0"),
+        (5.0, "a", "m2"),
+        (5.0, "a", "m1"),
+    ]
+    assert listed[0] == store.get("a", "m3") and listed[0].payload == b'{"x": 1}'
+    assert listed[1].status is Status.DELIVERED_TO_RECEIVER and len(listed[1].history) == 2
+    assert store.messages(None, None, None, 2) == listed[:2]
+    assert store.messages(None, None, None, 0) == store.messages(None, None, None, -1) == []
+
+
+def test_messages_are_filtered_by_source_status_and_receiver(store: StateStore) -> None:
+    rng = random.Random(7)
+    for i in range(60):
+        source, receiver = rng.choice(["s1", "s2", "s3"]), rng.choice(["r1", "r2"])
+        store.arrive(source, f"m{i}", receiver, b"{}", float(rng.randrange(5)))
+        state = store.get(source, f"m{i}")
+        assert state is not None
+        path = rng.choice(
+            [
+                [],
+                ["DELIVERED_TO_RECEIVER"],
+                ["FAILED"],
+                ["DELIVERED_TO_RECEIVER", "RESPONSE_RECEIVED_FROM_RECEIVER", "DONE"],
+            ]
+        )
+        for k, status in enumerate(path):
+            store.advance(source, f"m{i}", Status(status), 10.0 + rng.randrange(3) + k)
+    every = store.messages(None, None, None, 100)
+    assert len(every) == 60
+    assert [m.status for m in store.messages(None, "FAILED", None, 100)] == [
+        Status.FAILED for m in every if m.status is Status.FAILED
+    ]
+    assert {m.receiver for m in store.messages(None, None, "r2", 100)} == {"r2"}
+    assert {m.source_id for m in store.messages("s3", None, None, 100)} == {"s3"}
+    for source, status, receiver in itertools.product(
+        [None, "s1", "s2", "nope"], [None, *Status], [None, "r1", "r2", "nope"]
+    ):
+        wanted = [
+            m
+            for m in every
+            if source in (None, m.source_id)
+            and status in (None, m.status)
+            and receiver in (None, m.receiver)
+        ]
+        assert store.messages(source, status, receiver, 100) == wanted, (source, status, receiver)
+    with pytest.raises(ValueError):
+        store.messages(None, "LOST", None, 10)
+
+
+def test_cursor_paging_walks_every_message_exactly_once(store: StateStore) -> None:
+    rng = random.Random(11)
+    for i in range(80):  # few distinct times: many ties, across pages
+        source = rng.choice(["a", "ab", "b"])
+        store.arrive(
+            source,
+            f"m{rng.randrange(10**6):06d}-{i}",
+            rng.choice(["r1", "r2"]),
+            b"{}",
+            float(rng.randrange(4)),
+        )
+    for m in store.messages(None, None, None, 100)[::3]:
+        store.advance(m.source_id, m.message_id, Status.FAILED, 9.0, reason="x")
+    for source, status, receiver in itertools.product(
+        [None, "a", "ab"], [None, "ARRIVED", "FAILED"], [None, "r1"]
+    ):
+        everything = [cursor(m) for m in store.messages(source, status, receiver, 1000)]
+        assert everything, (source, status, receiver)
+        for limit in (1, 7, 50):
+            assert _walk(store, source, status, receiver, limit) == everything
+    # pages are stable: a message that changes during the walk moves to the top (it is not
+    # listed again below), a new one arrives there; every other one is listed once
+    unchanged = [cursor(m) for m in store.messages(None, None, None, 1000)]
+    first = store.messages(None, None, None, 10)
+    later = store.messages(None, None, None, 10, cursor(first[-1]))[5]
+    if later.status is Status.FAILED:
+        moved, _ = store.retry(later.source_id, later.message_id, 20.0)
+    else:
+        moved = store.advance(later.source_id, later.message_id, Status.FAILED, 20.0, reason="x")
+    store.arrive("a", "new", "r1", b"{}", 21.0)
+    rest = _walk(store, None, None, None, 10, cursor(first[-1]))
+    assert [cursor(m) for m in first] + rest == [c for c in unchanged if c != cursor(later)]
+    assert [m.key for m in store.messages(None, None, None, 2)] == [("a", "new"), moved.key]
+
+
+def test_counts_follow_the_transitions(store: StateStore) -> None:
+    assert store.counts() == {}
+    store.arrive("s", "m", "ci", b"{}", 1.0)
+    store.arrive("s", "other", "cd", b"{}", 1.0)
+    assert store.counts() == {"ci": _counts(ARRIVED=1), "cd": _counts(ARRIVED=1)}
+    steps = [
+        (Status.DELIVERED_TO_RECEIVER, _counts(DELIVERED_TO_RECEIVER=1)),
+        (Status.RESPONSE_RECEIVED_FROM_RECEIVER, _counts(RESPONSE_RECEIVED_FROM_RECEIVER=1)),
+        (Status.FAILED, _counts(FAILED=1)),
+    ]
+    for k, (status, counted) in enumerate(steps):
+        store.advance("s", "m", status, 2.0 + k, reason="x", response=b"{}")
+        assert store.counts(receiver="ci") == {"ci": counted}
+    assert [m.key for m in store.messages(None, "FAILED", "ci", 10)] == [("s", "m")]
+    resumed, _ = store.retry("s", "m", 10.0)  # back to its stage: the callback
+    assert resumed.status is Status.RESPONSE_RECEIVED_FROM_RECEIVER
+    assert store.counts("ci") == {"ci": _counts(RESPONSE_RECEIVED_FROM_RECEIVER=1)}
+    assert store.messages(None, "FAILED", None, 10) == []
+    store.advance("s", "m", Status.DONE, 11.0)
+    assert store.counts() == {"ci": _counts(DONE=1), "cd": _counts(ARRIVED=1)}
+    assert store.counts("nobody") == {}
+    assert store.purge(before=20.0) == 1  # forgotten: no longer counted, nor listed
+    assert store.counts() == {"cd": _counts(ARRIVED=1)}
+    assert [m.key for m in store.messages(None, None, None, 10)] == [("s", "other")]
+
+
+def test_counts_stay_right_under_concurrent_workers(open_store) -> None:
+    stores = [open_store() for _ in range(3)]
+    stores[0].arrive_many([("s", f"m{i}", f"r{i % 2}", b"{}") for i in range(150)], 1.0)
+
+    def worker(k: int) -> None:
+        for i in range(150):
+            for status in (Status.DELIVERED_TO_RECEIVER, Status.FAILED):
+                with contextlib.suppress(InvalidTransition):
+                    stores[k].advance("s", f"m{i}", status, 2.0 + k, reason="x")
+            with contextlib.suppress(InvalidTransition):
+                stores[k].retry("s", f"m{i}", 5.0 + k)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    # whoever won each step, the last one was a retry: each is back to its delivery
+    resumed = _counts(DELIVERED_TO_RECEIVER=75)
+    assert stores[1].counts() == {"r0": resumed, "r1": resumed}
+    assert len(_walk(stores[2], None, "DELIVERED_TO_RECEIVER", None, 40)) == 150
+
+
+def test_ten_thousand_messages_are_listed_in_order(store: StateStore) -> None:
+    rng = random.Random(3)
+    batch = [(f"src{i % 7}", f"m{i:05d}", f"r{i % 3}", b"{}") for i in range(10_000)]
+    known: dict[tuple[str, str], tuple[float, Status, str]] = {}
+    for start in range(0, 10_000, 1000):  # 1000 arrive at once: ties
+        store.arrive_many(batch[start : start + 1000], float(start // 1000))
+        for source, message, receiver, _ in batch[start : start + 1000]:
+            known[source, message] = (float(start // 1000), Status.ARRIVED, receiver)
+    for k, i in enumerate(rng.sample(range(10_000), 2000)):
+        source, message, receiver, _ = batch[i]
+        status = Status.FAILED if k % 2 else Status.DELIVERED_TO_RECEIVER
+        store.advance(source, message, status, 100.0 + k % 10, reason="x")
+        known[source, message] = (100.0 + k % 10, status, receiver)
+
+    def expected(source: str | None, status: Status | None, receiver: str | None) -> list[Cursor]:
+        return sorted(
+            (
+                (at, s, m)
+                for (s, m), (at, st, r) in known.items()
+                if source in (None, s) and status in (None, st) and receiver in (None, r)
+            ),
+            reverse=True,
+        )
+
+    assert _walk(store, None, None, None, 50) == expected(None, None, None)
+    assert _walk(store, None, "FAILED", "r1", 50) == expected(None, Status.FAILED, "r1")
+    assert _walk(store, "src3", None, None, 50) == expected("src3", None, None)
+    assert _walk(store, "src3", "ARRIVED", "r2", 50) == expected("src3", Status.ARRIVED, "r2")
+    assert store.counts("r0") == {
+        "r0": {
+            s.value: sum(1 for _, st, r in known.values() if st is s and r == "r0") for s in Status
+        }
+    }
+
+
+def test_redis_lists_the_messages_recorded_before_the_listing(redis_service) -> None:
+    import redis
+
+    prefix = f"test[{uuid.uuid4().hex[:6]}]*:"  # glob characters: the scan must escape them
+    old = RedisState(redis_service.url, prefix=prefix)
+    for i in range(700):
+        old.arrive(f"s{i % 3}", f"m{i}", f"r{i % 2}", b"{}", float(i % 5))
+    for i in range(0, 700, 4):
+        old.advance(f"s{i % 3}", f"m{i}", Status.FAILED, 10.0, reason="x")
+    listed: list[MessageState] = old.messages(None, None, None, 1000)
+    counted = old.counts()
+    client = redis.Redis.from_url(redis_service.url)
+    listing = [k for k in client.scan_iter(count=1000) if k.startswith(f"{prefix}l".encode())]
+    client.delete(*listing)  # as a store from before the listing left its messages
+    fresh = RedisState(redis_service.url, prefix=prefix)
+    assert fresh.counts() == counted
+    assert fresh.messages(None, None, None, 1000) == listed
+    assert fresh.messages("s1", "FAILED", "r0", 1000) == [
+        m for m in listed if m.key[0] == "s1" and m.status is Status.FAILED and m.receiver == "r0"
+    ]
+    for store in (old, fresh):
+        store.close()
+    client.close()

@@ -32,6 +32,9 @@ class Metrics:
         self.events_received = Counter(
             p + "events_received", "Events decoded", ["type", "protocol"], registry=r
         )
+        self.source_events = Counter(
+            p + "source_events", "Events decoded per source", ["source", "protocol"], registry=r
+        )
         self.bytes_received = Counter(
             p + "bytes_received", "Event bytes decoded", ["type"], registry=r
         )
@@ -76,6 +79,10 @@ class Metrics:
             label = self._label(t)
             self.events_received.labels(label, protocol).inc(n)
             self.bytes_received.labels(label).inc(sizes[t])
+
+    def from_source(self, source: str, protocol: str, events: int) -> None:
+        """Sources are configured (write keys name them), so the label stays small."""
+        self.source_events.labels(source or "anonymous", protocol).inc(events)
 
     def published(self, topic: str, events: Sequence[EventIn]) -> None:
         counts: Tally[str] = Tally()

@@ -69,6 +69,7 @@ class Publisher:
         futures = self._append(batches)
         for topic, evs in by_topic.items():
             self.metrics.received(topic, evs, ctx.protocol)
+        self.metrics.from_source(ctx.source, ctx.protocol, len(events))
         if not self.durable:
             for f in futures:
                 f.add_done_callback(self._after_received_ack)

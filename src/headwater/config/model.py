@@ -9,6 +9,7 @@ from pydantic import Field
 from headwater.bus.config import BusConfig
 from headwater.collector.config import CollectorConfig
 from headwater.config.base import Section
+from headwater.ops.console.config import ConsoleConfig
 from headwater.pipeline.config import PipelineConfig
 from headwater.transport.config import TransportConfig
 from headwater.webhooks.config import WebhooksConfig
@@ -31,6 +32,9 @@ class HeadwaterConfig(Section):
     transport: TransportConfig = Field(
         default_factory=TransportConfig,
         description="Readers that bring other systems onto the log (PostgreSQL CDC, files, Kafka).",
+    )
+    console: ConsoleConfig = Field(
+        default_factory=ConsoleConfig, description="The operator console (a web site)."
     )
 
     def log_dir(self) -> Path:

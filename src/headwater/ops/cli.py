@@ -119,10 +119,34 @@ def collector_cmd(
     run(cli_config(ctx), Listen(host, port, grpc_port), echo=click.echo)
 
 
+@cli.command("console")
+@click.option(
+    "--host", default=None, help="Address to listen on [default: console.host, 127.0.0.1]."
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Its port (0: any free port; the URL is printed) [default: console.port, 8070].",
+)
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
+@config_option
+@click.pass_context
+def console_cmd(ctx: click.Context, host: str | None, port: int | None, log_format: str) -> None:
+    """Run the operator console alone until SIGTERM: the same pages `headwater up` serves,
+    reading the log, the pipeline's status, the failed store and the webhook state where the
+    other commands read them. Log in with an admin token (console.admin_token_hashes)."""
+    from headwater.ops.console.server import run_console
+
+    setup_logging("json" if log_format == "json" else "text")
+    run_console(cli_config(ctx), host, port, click.echo)
+
+
 @cli.command("hash-key")
 @click.argument("key")
 def hash_key_cmd(key: str) -> None:
-    """Print the hashed form of a write key, for collector.sources[].write_keys."""
+    """Print the hashed form of a write key or an admin token, for
+    collector.sources[].write_keys or console.admin_token_hashes."""
     from headwater.collector.auth import hash_key
 
     click.echo(hash_key(key))

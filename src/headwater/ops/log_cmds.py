@@ -18,6 +18,7 @@ from headwater.config.model import HeadwaterConfig
 from headwater.errors import HeadwaterError
 from headwater.ops.context import cli_config, config_option, format_option, opened_bus
 from headwater.ops.errors import BadInput, UnknownGroup
+from headwater.ops.lag import group_rows
 from headwater.ops.output import echo_json, record_to_json, record_to_text, table
 from headwater.pipeline.config import DestinationConfig
 
@@ -405,7 +406,7 @@ def offsets_cmd(ctx: click.Context, group: str | None, fmt: str) -> None:
                     f"group {group!r} has no committed offsets (groups with offsets: {known})"
                 )
             groups = [group]
-        report = [(g, _group_rows(bus, g)) for g in groups]
+        report = [(g, group_rows(bus, g)) for g in groups]
 
     if fmt == "json":
         echo_json(
@@ -430,40 +431,6 @@ def offsets_cmd(ctx: click.Context, group: str | None, fmt: str) -> None:
         for r in rows
     ]
     click.echo(table(["GROUP", "TOPIC", "PARTITION", "COMMITTED", "HIGH", "LAG"], lines))
-
-
-def _group_rows(bus: Bus, group: str) -> list[dict[str, Any]]:
-    committed = bus.committed(group)
-    topics = sorted({tp.topic for tp in committed})
-    rows: list[dict[str, Any]] = []
-    for topic in topics:
-        try:
-            partitions = range(bus.topic(topic).partitions)
-        except UnknownTopic:
-            partitions = range(0)
-            for tp, offset in sorted(committed.items()):
-                if tp.topic == topic:
-                    rows.append(_row(topic, tp.partition, offset, None, None))
-        for p in partitions:
-            low, high = bus.watermarks(topic, p)
-            rows.append(_row(topic, p, committed.get(TopicPartition(topic, p)), low, high))
-    return rows
-
-
-def _row(
-    topic: str, partition: int, committed: int | None, low: int | None, high: int | None
-) -> dict[str, Any]:
-    lag: int | None = None
-    if high is not None and low is not None:
-        lag = max(0, high - max(committed if committed is not None else low, low))
-    return {
-        "topic": topic,
-        "partition": partition,
-        "committed": committed,
-        "low": low,
-        "high": high,
-        "lag": lag,
-    }
 
 
 # -- set-offset -------------------------------------------------------------------------------

@@ -1,19 +1,25 @@
 """``headwater pipeline``: run the destinations' Spark queries; ``headwater pipeline status``:
-how each destination's writer is doing, as the running pipeline last wrote it."""
+how each destination's writer is doing, as the running pipeline last wrote it;
+``headwater pipeline pause``/``resume``: hold a destination's query and start it again."""
 
 from __future__ import annotations
 
+import getpass
 import os
 import signal
 import threading
 import time
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import click
 
 from headwater.ops.context import cli_config, config_option, format_option
 from headwater.ops.logs import setup_logging
 from headwater.ops.output import echo_json, table
+
+if TYPE_CHECKING:
+    from headwater.pipeline.status import DestinationStatus, Pause
 
 
 @click.group("pipeline", invoke_without_command=True)
@@ -81,20 +87,24 @@ def pipeline_cmd(
 @config_option
 @click.pass_context
 def status_cmd(ctx: click.Context, fmt: str) -> None:
-    """Each destination's writer: state, last successful batch, attempts, last error."""
-    from headwater.pipeline.status import as_json, read_status, status_path
+    """Each destination's writer: state, last successful batch, attempts, last error; and
+    the destinations paused (with ``headwater pipeline pause``)."""
+    from headwater.pipeline.status import as_json, paused, read_status, status_path
 
     config = cli_config(ctx)
     status = read_status(config)
+    pauses = paused(config)
     if status is None:
         if fmt == "json":
             click.echo("[]")
         else:
             click.echo(f"no pipeline status yet ({status_path(config)} does not exist)")
+            for dest, p in sorted(pauses.items()):
+                click.echo(f"{dest}: paused {_pause_text(p)}")
         return
     now = time.time()
     if fmt == "json":
-        click.echo(as_json(status.destinations, now))
+        click.echo(as_json(status.destinations, now, pauses))
         return
     rows = []
     for s in status.destinations:
@@ -108,13 +118,26 @@ def status_cmd(ctx: click.Context, fmt: str) -> None:
                 None if since is None else f"{since:.0f}",
                 s.attempts,
                 s.consecutive_failures,
+                _batch_text(s),
+                _pause_text(pauses[s.destination]) if s.destination in pauses else None,
                 error,
             )
         )
     headers = ("destination", "state", "last success", "seconds since", "attempts", "failures")
-    click.echo(table((*headers, "last error"), rows))
+    click.echo(table((*headers, "last batch", "paused", "last error"), rows))
     if not _alive(status.pid):
         click.echo(f"(written by process {status.pid}, which is no longer running)")
+
+
+def _batch_text(s: DestinationStatus) -> str | None:
+    b = s.last_batch
+    if b is None:
+        return None
+    return f"#{b.batch_id}: {b.written} rows in {b.duration_s:.2f} s"
+
+
+def _pause_text(p: Pause) -> str:
+    return f"since {_when(p.at)} by {p.by}"
 
 
 def _when(ts: float | None) -> str | None:
@@ -131,6 +154,48 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@pipeline_cmd.command("pause")
+@click.argument("destination")
+@click.option("--by", default=None, help="Who pauses it, shown in the status [default: user].")
+@config_option
+@click.pass_context
+def pause_cmd(ctx: click.Context, destination: str, by: str | None) -> None:
+    """Pause DESTINATION: the running pipeline (any process on this machine) stops its query
+    after the batch in progress, within about a second, and starts it again from where it
+    stopped on `headwater pipeline resume`. A pipeline started later keeps it paused."""
+    from headwater.pipeline.status import pause, paused
+
+    config = cli_config(ctx)
+    if pause(config, destination, by or _user()):
+        click.echo(f"destination {destination}: paused")
+        return
+    earlier = paused(config).get(destination)
+    since = f" {_pause_text(earlier)}" if earlier else ""
+    click.echo(f"destination {destination}: paused already{since}")
+
+
+@pipeline_cmd.command("resume")
+@click.argument("destination")
+@config_option
+@click.pass_context
+def resume_cmd(ctx: click.Context, destination: str) -> None:
+    """Resume DESTINATION: the running pipeline starts its query again from its checkpoint
+    (every event that arrived meanwhile is written, once)."""
+    from headwater.pipeline.status import resume
+
+    if resume(cli_config(ctx), destination):
+        click.echo(f"destination {destination}: resumed")
+    else:
+        click.echo(f"destination {destination}: not paused")
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name, no passwd entry (a container)
+        return "headwater pipeline pause"
 
 
 @pipeline_cmd.command("step")

@@ -10,6 +10,7 @@ WebSockets close with 1001, and the bus is flushed and closed (persisting offset
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import signal
@@ -70,6 +71,7 @@ async def serve(
     workers: asyncio.Task[None] | None = None
     readers: asyncio.Task[None] | None = None
     workers_stop = asyncio.Event()
+    sites = contextlib.AsyncExitStack()
     try:
         if config.bus.backend == "embedded":
             config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -125,10 +127,22 @@ async def serve(
             pipeline = await asyncio.to_thread(start_pipeline, config, echo)
             collector.readiness = pipeline_readiness(pipeline)
             collector.metrics.also.append(METRICS.registry)
+        if config.console.admin_token_hashes:
+            from headwater.ops.console.app import Console
+            from headwater.ops.console.server import console_site
+
+            console = Console(config, bus, collector.metrics, pipeline, store)
+            url = await sites.enter_async_context(
+                console_site(console, config.console.host, config.console.port)
+            )
+            echo(f"headwater: console at {url}/")
+        else:
+            echo("headwater: no console (console.admin_token_hashes is empty)")
         echo("headwater: ready (stop with Ctrl-C or SIGTERM)")
         await stop.wait()
         echo("headwater: stopping")
     finally:
+        await sites.aclose()
         if server is not None:
             await server.stop()
         if workers is not None:

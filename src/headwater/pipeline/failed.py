@@ -14,20 +14,30 @@ failed again after a crash is the same failed event (``list`` shows it once).
 Replay (``replay``) appends the chosen events, with their original headers, to the topic
 ``headwater-replay.<destination>`` of the same store; each destination's query reads that topic
 too, so replayed events pass through the same steps and the same exactly-once write.
+
+Pages (``page``, for the console) read the store backwards from the high watermark, in chunks of
+Arrow columns (``Bus.read_arrow``: on the embedded log no Python object per record), filter on the
+``hw-failed-*`` headers while reading and stop once the page is full: the cost follows the page and
+how deep its cursor is, not the size of the store.
 """
 
 from __future__ import annotations
 
 import base64
+import heapq
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from itertools import islice
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from headwater.bus import Bus, Message, Record, open_bus
-from headwater.bus.errors import LogLocked
+from headwater.bus.errors import InvalidArgument, LogLocked
 from headwater.config.model import HeadwaterConfig
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 PREFIX = "hw-failed-"
 ID, DESTINATION, STEP, CODE, REASON = (
@@ -38,6 +48,9 @@ KEY = f"{PREFIX}key"  # the original key, base64 (the record's own key is the fa
 REPLAY_OF = "hw-replay-of"
 REPLAY_TOPIC_PREFIX = "headwater-replay."
 LOCK_WAIT_S = 30.0
+CHUNK = 4096  # records a backward read takes first; each further read of a partition takes 4x
+MAX_CHUNK = 65_536
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,15 @@ class FailedEvent:
             out["value"] = _show(self.value)
             out["headers"] = {k: _show(v) for k, v in self.headers}
         return out
+
+
+@dataclass(frozen=True)
+class FailedPage:
+    """A page of failed events, newest first, and the cursor of the page after it (pass it as
+    ``before``; None: this is the last page)."""
+
+    events: list[FailedEvent]
+    next: str | None
 
 
 def _show(data: bytes) -> str | dict[str, str]:
@@ -212,6 +234,98 @@ class FailedStore:
             latest[event.id] = event
         return list(latest.values())
 
+    def page(
+        self,
+        destination: str | None = None,
+        step: str | None = None,
+        code: str | None = None,
+        since: str | None = None,
+        before: str | None = None,
+        limit: int = 50,
+    ) -> FailedPage:
+        """Up to ``limit`` failed events (the latest record per id), newest first, that match
+        the filters: ``destination``, ``step`` and ``code`` exactly, ``since`` an ISO time
+        (``failed_at >= since``, compared as text like ``events``). ``before`` is the ``next``
+        cursor of the previous page.
+
+        Each partition is read backwards from its high watermark in chunks, and the partitions
+        are merged newest ``failed_at`` first. A record is skipped when its id has a record at a
+        higher offset of its partition (the id is the record key, so all its records share a
+        partition): the first chunk of a partition also reads the records above the cursor, so
+        an id on an earlier page, or one failed again since, never comes back lower down. So a
+        page costs what lies above its cursor plus what it reads until it is full (one more
+        event, to know there is a next page); a partition stops at its first record older than
+        ``since`` (``failed_at`` grows with the offset in a partition).
+
+        The cursor is ``<partition>:<offset>`` per partition, comma-separated: the next page
+        reads each partition below that offset (a partition it omits is done). Events failed
+        after the first page do not shift it: they are above every cursor."""
+        if limit < 1:
+            raise InvalidArgument(f"limit must be at least 1, not {limit}")
+        wanted = {
+            name: value.encode()
+            for name, value in ((DESTINATION, destination), (STEP, step), (CODE, code))
+            if value is not None
+        }
+        with self._open(read_only=True) as bus:
+            if self.topic not in {t.name for t in bus.topics()}:
+                return FailedPage([], None)
+            partitions = bus.topic(self.topic).partitions
+            below = None if before is None else _parse_cursor(before)
+            bounds: dict[int, int] = {}
+            streams: list[Iterator[_Row]] = []
+            for p in range(partitions):
+                low, high = bus.watermarks(self.topic, p)
+                bound = high if below is None else min(max(below.get(p, low), low), high)
+                bounds[p] = bound
+                streams.append(_newest_first(bus, self.topic, p, low, bound, high, wanted, since))
+            merged = heapq.merge(*streams, key=lambda row: row.failed_at, reverse=True)
+            rows = list(islice(merged, limit + 1))
+            events = [e for row in rows[:limit] if (e := _event(row.batch, row.index))]
+        if len(rows) <= limit:
+            return FailedPage(events, None)
+        for row in rows[:limit]:
+            bounds[row.partition] = row.offset  # newest first: the last one is the lowest
+        return FailedPage(events, ",".join(f"{p}:{offset}" for p, offset in sorted(bounds.items())))
+
+    def get(self, event_id: str) -> FailedEvent | None:
+        """The latest record of ``event_id``, or None. It is the record key: each partition is
+        read backwards until its first record with that key, so a recent failure is found at
+        once and an unknown id reads the whole store."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        key = pa.scalar(event_id.encode(), pa.binary())
+        with self._open(read_only=True) as bus:
+            if self.topic not in {t.name for t in bus.topics()}:
+                return None
+            for p in range(bus.topic(self.topic).partitions):
+                low, end = bus.watermarks(self.topic, p)
+                size = CHUNK
+                while end > low:
+                    start = max(low, end - size)
+                    for batch in reversed(_read_range(bus, self.topic, p, start, end)):
+                        hits = pc.indices_nonzero(pc.equal(batch.column("key"), key)).to_pylist()
+                        for i in reversed(hits):
+                            event = _event(batch, i)
+                            if event is not None and event.id == event_id:
+                                return event
+                    end, size = start, min(size * 4, MAX_CHUNK)
+        return None
+
+    def total(self) -> int:
+        """The records in the store's topic (high minus low watermark, summed over partitions),
+        without reading one: an upper bound on the failed events, since an id failed again
+        has several records and compaction leaves gaps."""
+        with self._open(read_only=True) as bus:
+            if self.topic not in {t.name for t in bus.topics()}:
+                return 0
+            total = 0
+            for p in range(bus.topic(self.topic).partitions):
+                low, high = bus.watermarks(self.topic, p)
+                total += high - low
+            return total
+
     def replay(self, events: Sequence[FailedEvent]) -> dict[str, int]:
         """Append ``events`` to their destinations' replay topics; returns counts per one."""
         by_destination: dict[str, list[Message]] = {}
@@ -229,3 +343,109 @@ class FailedStore:
                 bus.append(topic, messages).result()
             bus.flush()
         return {d: len(m) for d, m in by_destination.items()}
+
+
+class _Row(NamedTuple):
+    """A failed event a page may show: where it is, and the Arrow row that holds it."""
+
+    failed_at: str
+    partition: int
+    offset: int
+    batch: pa.RecordBatch
+    index: int
+
+
+def _parse_cursor(cursor: str) -> dict[int, int]:
+    """``{partition: offset}`` of a page cursor (``0:120,1:98``)."""
+    try:
+        pairs = [part.split(":") for part in cursor.split(",")]
+        return {int(p): int(offset) for p, offset in pairs}
+    except ValueError:
+        raise InvalidArgument(f"{cursor!r} is not a failed-store page cursor") from None
+
+
+def _read_range(bus: Bus, topic: str, partition: int, start: int, end: int) -> list[pa.RecordBatch]:
+    """The records ``[start, end)`` of a partition as Arrow batches, in offset order."""
+    out: list[pa.RecordBatch] = []
+    offset = start
+    while offset < end:
+        batches = bus.read_arrow(topic, partition, offset, end, max_records=end - offset)
+        if not batches:
+            break
+        out += batches
+        offset = batches[-1].column("offset")[-1].as_py() + 1
+    return out
+
+
+def _header_columns(batch: pa.RecordBatch, names: Sequence[str]) -> dict[str, list[bytes | None]]:
+    """Per header name, its value in each row of ``batch`` (None where a row lacks it)."""
+    import pyarrow.compute as pc
+
+    headers = batch.column("headers")
+    parents = pc.list_parent_indices(headers)
+    keys, values = headers.flatten().flatten()
+    out: dict[str, list[bytes | None]] = {}
+    for name in names:
+        mask = pc.equal(keys, name)
+        column: list[bytes | None] = [None] * batch.num_rows
+        for row, value in zip(
+            pc.filter(parents, mask).to_pylist(), pc.filter(values, mask).to_pylist(), strict=True
+        ):
+            column[row] = value
+        out[name] = column
+    return out
+
+
+def _newest_first(
+    bus: Bus,
+    topic: str,
+    partition: int,
+    low: int,
+    bound: int,
+    high: int,
+    wanted: Mapping[str, bytes],
+    since: str | None,
+) -> Iterator[_Row]:
+    """The failed events of a partition below ``bound`` that match, highest offset first, each
+    id at its highest offset only. The first read also takes ``[bound, high)``: ids there hide
+    the same id below."""
+    seen: set[bytes] = set()
+    names = (ID, AT, *wanted)
+    end, top, size = bound, high, CHUNK
+    while end > low:
+        start = max(low, end - size)
+        for batch in reversed(_read_range(bus, topic, partition, start, top)):
+            columns = _header_columns(batch, names)
+            ids, ats = columns[ID], columns[AT]
+            offsets = batch.column("offset").to_pylist()
+            for i in range(batch.num_rows - 1, -1, -1):
+                event_id = ids[i]
+                if event_id is None:
+                    continue  # not a failed event
+                if offsets[i] >= end:
+                    seen.add(event_id)  # above the cursor: shown already, or newer
+                    continue
+                failed_at = (ats[i] or b"").decode("utf-8", "replace")
+                if since is not None and failed_at < since:
+                    return
+                if event_id in seen:
+                    continue
+                seen.add(event_id)
+                if all(columns[name][i] == value for name, value in wanted.items()):
+                    yield _Row(failed_at, partition, offsets[i], batch, i)
+        end, top, size = start, start, min(size * 4, MAX_CHUNK)
+
+
+def _event(batch: pa.RecordBatch, index: int) -> FailedEvent | None:
+    """The failed event in row ``index`` of an Arrow batch of the store."""
+    row = batch.slice(index, 1).to_pylist()[0]
+    record = Record(
+        topic=row["topic"],
+        partition=row["partition"],
+        offset=row["offset"],
+        timestamp=(row["timestamp"] - _EPOCH) // timedelta(milliseconds=1),
+        key=row["key"],
+        value=row["value"],
+        headers=tuple((h["key"], h["value"]) for h in row["headers"]),
+    )
+    return from_record(record)

@@ -8,23 +8,36 @@ own checkpoint (``<checkpoint_dir>/<destination id>``), so each has its own offs
 
 Each query reads the destination's topics from the bus and, from the failed store, its replay
 topic, so replayed events take the same path.
+
+A destination paused with ``status.pause`` (``headwater pipeline pause``, from any process) has
+its query stopped between batches and started again from its checkpoint once it is resumed:
+each supervisor polls ``<data_dir>/status/paused.json`` every ``POLL_S`` (a ``stat``) while it
+waits for its query, its next batch-mode run, its next retry or its resumption.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from headwater.config.model import HeadwaterConfig
-from headwater.errors import ConfigError
 from headwater.pipeline.config import DestinationConfig
 from headwater.pipeline.failed import FailedStore, failed_config, replay_topic
-from headwater.pipeline.status import BACKOFF, Backoff, StatusBoard, classify
-from headwater.pipeline.writer import DestinationWriter
+from headwater.pipeline.status import (
+    BACKOFF,
+    Backoff,
+    LastBatch,
+    PauseWatch,
+    StatusBoard,
+    classify,
+    known_destinations,
+)
+from headwater.pipeline.writer import BatchStats, DestinationWriter
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -35,6 +48,8 @@ if TYPE_CHECKING:
     BatchWriter = DestinationWriter | MirrorWriter
 
 log = logging.getLogger(__name__)
+
+POLL_S = 0.5  # how often a supervisor looks at the pauses (and flushes the status board)
 
 
 def source_frame(
@@ -93,6 +108,30 @@ def sources_in(checkpoint: Path) -> int | None:
     return max(len(lines) - 2, 0)
 
 
+def last_batch(writer: BatchWriter, batch_id: int, seconds: float) -> LastBatch:
+    """The batch ``writer`` has just finished, as its stats say (rows per table; a mirror's
+    writer counts changes, for all its tables together)."""
+    stats, now = writer.last, time.time()
+    if stats is None or stats.batch_id != batch_id:
+        return LastBatch(batch_id=batch_id, committed_at=now, duration_s=seconds)
+    if isinstance(stats, BatchStats):
+        return LastBatch(
+            batch_id=batch_id,
+            committed_at=now,
+            duration_s=seconds,
+            rows=dict(stats.tables),
+            written=stats.written,
+            failed=stats.failed,
+        )
+    return LastBatch(
+        batch_id=batch_id,
+        committed_at=now,
+        duration_s=seconds,
+        written=stats.changes - stats.failed,
+        failed=stats.failed,
+    )
+
+
 @dataclass
 class DestinationQuery:
     dest: DestinationConfig
@@ -103,6 +142,10 @@ class DestinationQuery:
     thread: threading.Thread | None = None
     finished: threading.Event = field(default_factory=threading.Event)
     stale: bool = False  # the last run failed: the next one gets a fresh writer
+    idle: threading.Event = field(default_factory=threading.Event)  # no write in progress
+
+    def __post_init__(self) -> None:
+        self.idle.set()
 
 
 class Pipeline:
@@ -115,6 +158,11 @@ class Pipeline:
     warning; anything else is logged loudly but retried too, since leaving the destination dead
     helps nobody (a terminal error in one batch's events is handled inside the writer, which
     sends them to the failed store). One destination's trouble never touches another's thread.
+
+    The supervisor also follows the pauses (``status.PauseWatch``): a paused destination's query
+    is stopped once no write is in progress, its writer closed (a DuckDB file is free meanwhile)
+    and its state is ``paused`` until it is resumed; a destination paused before the pipeline
+    starts is not started.
     """
 
     def __init__(
@@ -131,16 +179,11 @@ class Pipeline:
         self.backoff = backoff
         chosen = config.pipeline.destinations
         if destinations:
-            known = {d.id for d in chosen}
-            unknown = [d for d in destinations if d not in known]
-            if unknown:
-                raise ConfigError(
-                    f"no destination named {', '.join(unknown)} in pipeline.destinations "
-                    f"(configured: {', '.join(sorted(known)) or 'none'})"
-                )
+            known_destinations(config, destinations)
             chosen = [d for d in chosen if d.id in destinations]
         self.queries = [DestinationQuery(d, writer_for(config, d)) for d in chosen]
         self.status = StatusBoard(config, [(d.id, d.mode) for d in chosen])
+        self.pauses = PauseWatch(config)
         self._stop = threading.Event()
         self._lock = threading.Lock()
 
@@ -153,8 +196,14 @@ class Pipeline:
         dest_id, board, writer_fn = q.dest.id, self.status, q.writer
 
         def write(batch: DataFrame, batch_id: int) -> None:
-            writer_fn(batch, batch_id)
-            board.succeeded(dest_id)
+            q.idle.clear()
+            try:
+                started = time.monotonic()
+                writer_fn(batch, batch_id)
+                done = last_batch(writer_fn, batch_id, time.monotonic() - started)
+                board.succeeded(dest_id, done)
+            finally:
+                q.idle.set()
 
         writer = (
             frame.writeStream.foreachBatch(write)
@@ -175,8 +224,13 @@ class Pipeline:
         return query
 
     def run_once(self) -> None:
-        """Every destination's query once with AvailableNow, until each has caught up."""
+        """Every destination's query once with AvailableNow, until each has caught up (a
+        paused destination is left as it is)."""
         for q in self.queries:
+            if self.pauses.is_paused(q.dest.id):
+                self.echo(f"headwater: destination {q.dest.id}: paused, not caught up")
+                self.status.paused(q.dest.id)
+                continue
             query = self._start(q, available_now=True)
             if query is not None:
                 query.awaitTermination()
@@ -188,7 +242,12 @@ class Pipeline:
                 target=self._supervise, args=(q,), name=f"writer-{q.dest.id}", daemon=True
             )
             q.thread.start()
-            if q.dest.mode == "stream":
+            if self.pauses.is_paused(q.dest.id):
+                self.echo(
+                    f"headwater: destination {q.dest.id}: paused"
+                    f" (headwater pipeline resume {q.dest.id} starts it)"
+                )
+            elif q.dest.mode == "stream":
                 self.echo(f"headwater: destination {q.dest.id}: streaming ({q.dest.type})")
             else:
                 self.echo(
@@ -197,17 +256,20 @@ class Pipeline:
                 )
 
     def _supervise(self, q: DestinationQuery) -> None:
-        """Run the destination's query until stop(), restarting it after each failure."""
+        """Run the destination's query until stop(), restarting it after each failure and
+        holding it while it is paused."""
         stream = q.dest.mode == "stream"
         try:
             while not self._stop.is_set():
+                if self._hold(q):
+                    break
                 try:
                     if q.stale:
                         self._renew_writer(q)
                     query = self._start(q, available_now=not stream)
                     if query is None:
                         break
-                    query.awaitTermination()
+                    self._await(q, query)
                 except Exception as exc:
                     if self._stop.is_set():
                         break
@@ -216,12 +278,14 @@ class Pipeline:
                     continue
                 if self._stop.is_set():
                     break
+                if self.pauses.is_paused(q.dest.id):
+                    continue  # stopped for the pause: held at the top
                 if stream:  # stopped by someone else than stop(): start it again
                     log.warning("destination %s: query stopped; restarting it", q.dest.id)
                     self.status.update(q.dest.id, state="retrying")
-                    if self._stop.wait(self.backoff.delay(1)):
+                    if self._sleep(q, self.backoff.delay(1)):
                         break
-                elif self._stop.wait(q.dest.batch_period_s):
+                elif self._sleep(q, q.dest.batch_period_s):
                     break
         except BaseException as exc:  # a bug in the supervisor itself: reported by failed()
             q.error = exc
@@ -229,6 +293,71 @@ class Pipeline:
         finally:
             self.status.update(q.dest.id, state="stopped", next_retry_at=None)
             q.finished.set()
+
+    def _poll(self, q: DestinationQuery) -> bool:
+        """Every ``POLL_S`` of a supervisor's waits: write what the status board kept back;
+        True when the destination is paused."""
+        self.status.flush()
+        return self.pauses.is_paused(q.dest.id)
+
+    def _await(self, q: DestinationQuery, query: StreamingQuery) -> None:
+        """Wait for the query to end (raising its failure). Once the destination is paused,
+        stop the query between batches, as soon as no write is in progress: its offsets are in
+        the checkpoint (a batch Spark is planning meanwhile is cut short before its write; it
+        runs again on resumption, and the writer's ledger skips a batch that did commit)."""
+        stopping = False
+        while True:
+            try:
+                if query.awaitTermination(POLL_S):
+                    return
+            except Exception:
+                if stopping:  # a batch cut short by the pause: it runs again on resumption
+                    log.info("destination %s: query ended with an error on pause", q.dest.id)
+                    return
+                raise
+            if stopping or self._stop.is_set() or not self._poll(q):
+                continue
+            if self._between_batches(q):
+                log.info("destination %s: paused; stopping its query", q.dest.id)
+                stopping = True
+                query.stop()
+
+    def _between_batches(self, q: DestinationQuery) -> bool:
+        """Wait until no write is in progress (the end of a write sets it at once); False when
+        the destination is resumed or the pipeline stops meanwhile."""
+        while not q.idle.wait(POLL_S):
+            if self._stop.is_set() or not self._poll(q):
+                return False
+        return True
+
+    def _sleep(self, q: DestinationQuery, seconds: float) -> bool:
+        """Wait ``seconds`` (the next batch-mode run, a retry), less when the destination is
+        paused meanwhile; True when the pipeline stops."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self._stop.wait(min(POLL_S, left)):
+                return True
+            if self._poll(q):
+                return False
+        return self._stop.is_set()
+
+    def _hold(self, q: DestinationQuery) -> bool:
+        """While the destination is paused: its writer closed, its state ``paused``, wait until
+        it is resumed; True when the pipeline stops meanwhile."""
+        if not self.pauses.is_paused(q.dest.id):
+            return False
+        try:
+            q.writer.close()  # its connection would idle (a DuckDB file would stay locked)
+        except Exception:
+            log.debug("destination %s: closing the paused writer", q.dest.id, exc_info=True)
+            q.stale = True
+        self.status.paused(q.dest.id)
+        log.info("destination %s: paused", q.dest.id)
+        while self._poll(q):
+            if self._stop.wait(POLL_S):
+                return True
+        log.info("destination %s: resumed", q.dest.id)
+        return False
 
     def _failed(self, q: DestinationQuery, exc: Exception) -> bool:
         """Record a failed run, wait the backoff, and give the next run a fresh writer; True
@@ -269,7 +398,7 @@ class Pipeline:
                 exc_info=exc,
             )
         q.stale = True
-        self._stop.wait(delay)
+        self._sleep(q, delay)
         return False
 
     def _renew_writer(self, q: DestinationQuery) -> None:

@@ -6,6 +6,7 @@ Each service is started once per test session, and only when a test asks for its
 - ``redis_service``: a throwaway Redis server (:class:`RedisService`)
 - ``kafka_broker``: one Apache Kafka broker in KRaft mode (:class:`KafkaCluster`)
 - ``spark``: one local-mode SparkSession for the whole run (with Spark's Kafka connector)
+- ``browser`` and ``page``: Debian's Chromium driven by Playwright (``headwater.testing.browser``)
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from headwater.testing.browser import browser, page
 
 if TYPE_CHECKING:
     from headwater.testing.kafka import KafkaCluster
@@ -67,3 +70,6 @@ def chdb_path(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The data folder of this process's embedded ClickHouse (chdb allows one per process);
     tests keep apart by database."""
     return tmp_path_factory.mktemp("chdb")
+
+
+__all__ = ["browser", "page"]

@@ -219,6 +219,7 @@ class RunningHeadwater:
     stop_event: asyncio.Event
     done: Future[None]
     lines: list[str]
+    console_url: str | None = None  # when the config lists admin tokens
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop gracefully, as on SIGTERM; re-raises what ``serve`` raised."""
@@ -228,9 +229,14 @@ class RunningHeadwater:
 
 @contextmanager
 def running_headwater(
-    config: HeadwaterConfig, *, with_webhooks: bool = True, timeout: float = 60.0
+    config: HeadwaterConfig,
+    *,
+    with_webhooks: bool = True,
+    with_pipeline: bool = False,
+    timeout: float = 60.0,
 ) -> Iterator[RunningHeadwater]:
-    """Serve ``config`` on a free loopback port (no gRPC, no pipeline) until the block ends."""
+    """Serve ``config`` on a free loopback port (no gRPC; the pipeline ``with_pipeline``, on
+    the process's SparkSession) until the block ends."""
     import queue
 
     from headwater.ops.up import Listen, serve
@@ -254,13 +260,15 @@ def running_headwater(
             Listen("127.0.0.1", 0, None),
             echo=lines.put,
             stop=stop,
+            with_pipeline=with_pipeline,
             with_webhooks=with_webhooks,
         ),
         loop,
     )
     deadline = time.monotonic() + timeout
     url = ""
-    while not url:
+    ready = False
+    while not ready:
         if done.done():
             done.result()  # serve ended early: raise its error
             raise AssertionError(f"headwater stopped before it was ready: {seen}")
@@ -273,7 +281,11 @@ def running_headwater(
         seen.append(line)
         if line.startswith("headwater: health at "):
             url = line.split(" at ", 1)[1].removesuffix("/healthz")
-    running = RunningHeadwater(url, loop, stop, done, seen)
+        ready = line.startswith("headwater: ready")
+    console = next((x for x in seen if x.startswith("headwater: console at ")), None)
+    running = RunningHeadwater(
+        url, loop, stop, done, seen, console.split(" at ", 1)[1].rstrip("/") if console else None
+    )
     try:
         yield running
     finally:

@@ -160,6 +160,20 @@ def path_to(
     return ALLOWED_FROM[via], [via, status]
 
 
+# (updated_at, source_id, message_id) of the last message of a page of ``StateStore.messages``
+Cursor = tuple[float, str, str]
+
+
+def cursor(state: MessageState) -> Cursor:
+    """Where the next page of ``StateStore.messages`` starts: after ``state``."""
+    return (state.updated_at, state.source_id, state.message_id)
+
+
+def statuses(status: str | None) -> list[Status]:
+    """The statuses a ``messages`` filter selects: every one for None."""
+    return list(Status) if status is None else [Status(status)]
+
+
 class Claim(StrEnum):
     """The answer to ``begin_send``."""
 
@@ -257,6 +271,29 @@ class StateStore(abc.ABC):
         self, receiver: str | None = None, since: float | None = None, limit: int = 1000
     ) -> list[MessageState]:
         """FAILED messages (of ``receiver``, failed at or after ``since``), oldest first."""
+
+    @abc.abstractmethod
+    def messages(
+        self,
+        source_id: str | None,
+        status: str | None,
+        receiver: str | None,
+        limit: int,
+        before: Cursor | None = None,
+    ) -> list[MessageState]:
+        """Up to ``limit`` messages, newest first: ordered by ``(updated_at, source_id,
+        message_id)`` descending (ids compared as UTF-8 bytes), each filter applied that is not
+        None (``status``: a :class:`Status` value; ValueError for another). ``before`` is the
+        :func:`cursor` of the last message of the previous page: the page holds the messages
+        ordered after it, so walking pages lists every message that did not change meanwhile
+        exactly once (a message that changes moves to the top, with its new ``updated_at``).
+        Served by an index: the cost of a page does not grow with the number of messages."""
+
+    @abc.abstractmethod
+    def counts(self, receiver: str | None = None) -> dict[str, dict[str, int]]:
+        """How many messages each receiver (or only ``receiver``) has in each status: receiver
+        -> every :class:`Status` value -> count, for the receivers that have a message (purged
+        DONE messages are not counted). One consistent snapshot, cheap to ask often."""
 
     @abc.abstractmethod
     def purge(self, before: float, limit: int = 1000) -> int:

@@ -8,17 +8,29 @@ response), ``h:<source>\\0<id>`` its history and ``a:<source>\\0<id>`` its attem
 theoretical arrival time, ``f`` the FAILED messages and ``d`` the DONE ones (sorted sets by the
 time they got there),
 ``receivers`` the receivers' disabled flags (a hash by name).
+
+The listing (``messages``, ``counts``): every message is a member ``<source>\\0<id>`` of four
+sorted sets of its status, scored by its ``updated_at``: ``l:<status>``,
+``lr:<receiver>\\0<status>``, ``ls:<source>\\0<status>`` and
+``lsr:<source>\\0<receiver>\\0<status>``, moved from the old status's sets to the new one's in
+the script that changes the status (and removed in the one that purges it); ``lrs`` is the set of
+receivers with messages. A page is one rank range per status selected, merged; a receiver's count
+in a status is the cardinality of its set. ``lv`` marks that the messages recorded before the
+listing existed were added to it (on the first ``messages`` or ``counts`` of a store). The
+scripts name the sets and a listed message's keys from ``prefix``, which they are given.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from headwater.errors import MissingDependencyError
 from headwater.webhooks.state.base import (
     Attempt,
     Claim,
+    Cursor,
     InvalidTransition,
     MessageState,
     ReceiverState,
@@ -27,33 +39,77 @@ from headwater.webhooks.state.base import (
     Transition,
     UnknownMessage,
     path_to,
+    statuses,
 )
 
 SEP = "\0"
+RELIST_BATCH = 500  # messages indexed per script when the listing is first built
 
-# KEYS: message hash, history; ARGV: receiver, status, payload, now, history entry
-_ARRIVE = """
+# The listing's sets (see the module's docstring; ``RedisState._listing`` names them too): the
+# sets a message of ``source``, ``receiver`` in ``status`` is in, and moving it between statuses'
+# sets (``from`` nil: not listed yet; ``to`` nil: gone). Prepended to the scripts that use it.
+_LISTING = (
+    "local STATUSES = {"
+    + ", ".join(f"'{s.value}'" for s in Status)
+    + "}\n"
+    + """
+local SEP = string.char(0)
+local function listing(prefix, source, receiver, status)
+  return {prefix .. 'l:' .. status, prefix .. 'lr:' .. receiver .. SEP .. status,
+          prefix .. 'ls:' .. source .. SEP .. status,
+          prefix .. 'lsr:' .. source .. SEP .. receiver .. SEP .. status}
+end
+local function relist(prefix, source, receiver, from, to, member, at)
+  if from then
+    for _, key in ipairs(listing(prefix, source, receiver, from)) do
+      redis.call('ZREM', key, member)
+    end
+  end
+  if to then
+    for _, key in ipairs(listing(prefix, source, receiver, to)) do
+      redis.call('ZADD', key, at, member)
+    end
+  end
+end
+local function source_of(member)
+  return string.sub(member, 1, string.find(member, SEP, 1, true) - 1)
+end
+"""
+)
+
+# KEYS: message hash, history, receivers with messages; ARGV: receiver, status, payload, now,
+# history entry, prefix, source, member of the listing
+_ARRIVE = (
+    _LISTING
+    + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'receiver', ARGV[1], 'status', ARGV[2], 'payload', ARGV[3],
            'created_at', ARGV[4], 'updated_at', ARGV[4], 'reason', '')
 redis.call('RPUSH', KEYS[2], ARGV[5])
+relist(ARGV[6], ARGV[7], ARGV[1], nil, ARGV[2], ARGV[8], ARGV[4])
+redis.call('SADD', KEYS[3], ARGV[1])
 return 1
 """
+)
 
 # KEYS: message hash, history, failed set, attempts, done set; ARGV: status, now, reason (kept when
-# FAILED), has response, response, member of the failed set, an attempt ('' for none),
-# n history entries, the entries..., allowed previous statuses... Returns the message as it
-# is now (its hash, history and attempts).
-_ADVANCE = """
+# FAILED), has response, response, member of the failed set (and the listing), an attempt ('' for
+# none), prefix, source, n history entries, the entries..., allowed previous statuses... Returns
+# the message as it is now (its hash, history and attempts).
+_ADVANCE = (
+    _LISTING
+    + """
 local current = redis.call('HGET', KEYS[1], 'status')
 if not current then return {'missing'} end
-local n = tonumber(ARGV[8])
+local n = tonumber(ARGV[10])
 local allowed = false
-for i = 9 + n, #ARGV do if ARGV[i] == current then allowed = true end end
+for i = 11 + n, #ARGV do if ARGV[i] == current then allowed = true end end
 if not allowed then return {'refused', current} end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[2], 'reason', ARGV[3])
 if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'response', ARGV[5]) end
-for i = 9, 8 + n do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+for i = 11, 10 + n do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+local receiver = redis.call('HGET', KEYS[1], 'receiver')
+relist(ARGV[8], ARGV[9], receiver, current, ARGV[1], ARGV[6], ARGV[2])
 if ARGV[7] ~= '' then
   redis.call('RPUSH', KEYS[4], ARGV[7])
   redis.call('HDEL', KEYS[1], 'sending_until')
@@ -67,6 +123,7 @@ if ARGV[1] == 'DONE' then redis.call('ZADD', KEYS[5], ARGV[2], ARGV[6]) end
 return {'ok', redis.call('HGETALL', KEYS[1]), redis.call('LRANGE', KEYS[2], 0, -1),
         redis.call('LRANGE', KEYS[4], 0, -1)}
 """
+)
 
 # KEYS: message hash, attempts; ARGV: the attempt
 _ATTEMPT = """
@@ -123,6 +180,107 @@ redis.call('SET', KEYS[1], tostring(tat + interval), 'PX', math.ceil(interval * 
 return '0'
 """
 
+# KEYS: the done set; ARGV: prefix, before, limit. Returns how many were forgotten.
+_PURGE = (
+    _LISTING
+    + """
+local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LIMIT', 0, ARGV[3])
+for _, member in ipairs(members) do
+  local message = ARGV[1] .. 'm:' .. member
+  local found = redis.call('HMGET', message, 'receiver', 'status')
+  if found[1] then relist(ARGV[1], source_of(member), found[1], found[2], nil, member, 0) end
+  redis.call('DEL', message, ARGV[1] .. 'h:' .. member, ARGV[1] .. 'a:' .. member)
+  redis.call('ZREM', KEYS[1], member)
+end
+return #members
+"""
+)
+
+# KEYS: the listing's set of each status selected; ARGV: prefix, limit, '1' with a cursor,
+# the cursor's updated_at, its member. Returns the page: member, hash, history, attempts each.
+_MESSAGES = """
+local function less(a, b)  -- by bytes, as the sets order members (Lua's < follows the locale)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+local limit = tonumber(ARGV[2])
+local found = {}
+for _, key in ipairs(KEYS) do
+  local first = 0
+  if ARGV[3] == '1' then
+    -- past the members that come before the cursor: the later scores, then those of its
+    -- score (in descending byte order) down to its member, found by bisection
+    first = redis.call('ZCOUNT', key, '(' .. ARGV[4], '+inf')
+    local last = first + redis.call('ZCOUNT', key, ARGV[4], ARGV[4])
+    while first < last do
+      local mid = math.floor((first + last) / 2)
+      if less(redis.call('ZREVRANGE', key, mid, mid)[1], ARGV[5]) then
+        last = mid
+      else
+        first = mid + 1
+      end
+    end
+  end
+  local rows = redis.call('ZREVRANGE', key, first, first + limit - 1, 'WITHSCORES')
+  for i = 1, #rows, 2 do found[#found + 1] = {tonumber(rows[i + 1]), rows[i]} end
+end
+table.sort(found, function(a, b)
+  if a[1] ~= b[1] then return a[1] > b[1] end
+  return less(b[2], a[2])
+end)
+local page = {}
+for i = 1, math.min(limit, #found) do
+  local member = found[i][2]
+  page[i] = {member, redis.call('HGETALL', ARGV[1] .. 'm:' .. member),
+             redis.call('LRANGE', ARGV[1] .. 'h:' .. member, 0, -1),
+             redis.call('LRANGE', ARGV[1] .. 'a:' .. member, 0, -1)}
+end
+return page
+"""
+
+# KEYS: receivers with messages; ARGV: prefix, '1' for one receiver, the receiver. Returns a row
+# per receiver: its name, then its count in each of STATUSES.
+_COUNTS = (
+    _LISTING
+    + """
+local receivers = {ARGV[3]}
+if ARGV[2] ~= '1' then receivers = redis.call('SMEMBERS', KEYS[1]) end
+local rows = {}
+for _, receiver in ipairs(receivers) do
+  local row = {receiver}
+  for _, status in ipairs(STATUSES) do
+    row[#row + 1] = redis.call('ZCARD', ARGV[1] .. 'lr:' .. receiver .. SEP .. status)
+  end
+  rows[#rows + 1] = row
+end
+return rows
+"""
+)
+
+# KEYS: receivers with messages; ARGV: prefix, members... Lists each message where its hash
+# says (out of any other status's sets): recorded before the listing existed, or not.
+_RELIST = (
+    _LISTING
+    + """
+for i = 2, #ARGV do
+  local member = ARGV[i]
+  local found = redis.call('HMGET', ARGV[1] .. 'm:' .. member, 'receiver', 'status', 'updated_at')
+  if found[1] then
+    local source = source_of(member)
+    for _, status in ipairs(STATUSES) do
+      if status ~= found[2] then relist(ARGV[1], source, found[1], status, nil, member, 0) end
+    end
+    relist(ARGV[1], source, found[1], nil, found[2], member, found[3])
+    redis.call('SADD', KEYS[1], found[1])
+  end
+end
+return 0
+"""
+)
+
 
 def _load_redis() -> Any:
     try:
@@ -171,6 +329,11 @@ class RedisState(StateStore):
         self._release = self._redis.register_script(_RELEASE)
         self._begin_send = self._redis.register_script(_BEGIN_SEND)
         self._acquire = self._redis.register_script(_ACQUIRE)
+        self._purge = self._redis.register_script(_PURGE)
+        self._messages = self._redis.register_script(_MESSAGES)
+        self._counts = self._redis.register_script(_COUNTS)
+        self._relist = self._redis.register_script(_RELIST)
+        self._listed = False  # the messages from before the listing are known to be in it
 
     def _keys(self, source_id: str, message_id: str) -> tuple[str, str, str]:
         name = f"{source_id}{SEP}{message_id}"
@@ -182,7 +345,8 @@ class RedisState(StateStore):
         message, history, _ = self._keys(source_id, message_id)
         entry = json.dumps([Status.ARRIVED.value, now, ""])
         args = [receiver, Status.ARRIVED.value, payload, repr(now), entry]
-        if self._arrive(keys=[message, history], args=args):
+        args += [self.prefix, source_id, f"{source_id}{SEP}{message_id}"]
+        if self._arrive(keys=[message, history, f"{self.prefix}lrs"], args=args):
             history_ = (Transition(Status.ARRIVED, now),)
             new = MessageState(
                 source_id, message_id, receiver, Status.ARRIVED, payload, now, now, history=history_
@@ -223,8 +387,8 @@ class RedisState(StateStore):
         kept = reason if status is Status.FAILED else ""
         tried = json.dumps(attempt.__dict__) if attempt is not None else ""
         args: list[Any] = [status.value, repr(now), kept, "1" if response else "0"]
-        args += [response or b"", f"{source_id}{SEP}{message_id}", tried, len(entries)]
-        args += [*entries, *(s.value for s in allowed)]
+        args += [response or b"", f"{source_id}{SEP}{message_id}", tried, self.prefix, source_id]
+        args += [len(entries), *entries, *(s.value for s in allowed)]
         keys = [message, history, f"{self.prefix}f", attempts, f"{self.prefix}d"]
         outcome = self._advance(keys=keys, args=args)
         verdict = outcome[0].decode()
@@ -279,17 +443,71 @@ class RedisState(StateStore):
                     break
         return out
 
+    def messages(
+        self,
+        source_id: str | None,
+        status: str | None,
+        receiver: str | None,
+        limit: int,
+        before: Cursor | None = None,
+    ) -> list[MessageState]:
+        keys = [self._listing(source_id, receiver, s) for s in statuses(status)]
+        if limit <= 0:
+            return []
+        self._list_existing()
+        args: list[Any] = [self.prefix, limit, "0", "", ""]
+        if before is not None:
+            at, after_source, after_message = before
+            args[2:] = ["1", repr(float(at)), f"{after_source}{SEP}{after_message}"]
+        page = []
+        for member, flat, transitions, tries in self._messages(keys=keys, args=args):
+            if flat:  # always, but for a message purged by a worker from before the listing
+                fields = dict(zip(flat[::2], flat[1::2], strict=True))
+                page.append(_decode(*_split(member), fields, transitions, tries))
+        return page
+
+    def counts(self, receiver: str | None = None) -> dict[str, dict[str, int]]:
+        self._list_existing()
+        args = [self.prefix, "0", ""] if receiver is None else [self.prefix, "1", receiver]
+        out: dict[str, dict[str, int]] = {}
+        for name, *by_status in self._counts(keys=[f"{self.prefix}lrs"], args=args):
+            if any(by_status):  # a receiver whose messages were all purged is left out
+                out[name.decode()] = {s.value: n for s, n in zip(Status, by_status, strict=True)}
+        return out
+
+    def _listing(self, source_id: str | None, receiver: str | None, status: Status) -> str:
+        """The sorted set of the messages in ``status`` (of ``source_id``, of ``receiver``)."""
+        if source_id is None:
+            if receiver is None:
+                return f"{self.prefix}l:{status.value}"
+            return f"{self.prefix}lr:{receiver}{SEP}{status.value}"
+        if receiver is None:
+            return f"{self.prefix}ls:{source_id}{SEP}{status.value}"
+        return f"{self.prefix}lsr:{source_id}{SEP}{receiver}{SEP}{status.value}"
+
+    def _list_existing(self) -> None:
+        """Add the messages recorded before the listing existed to it, once per store (``lv``
+        marks it done); each message in one script, so that a worker changing it meanwhile
+        leaves it listed as it is."""
+        if self._listed:
+            return
+        marker = f"{self.prefix}lv"
+        if not self._redis.exists(marker):
+            head = f"{self.prefix}m:".encode()
+            pattern = re.sub(rb"([*?\[\]\\])", rb"\\\1", head) + b"*"
+            batch: list[bytes] = []
+            for key in self._redis.scan_iter(match=pattern, count=1000):
+                batch.append(key[len(head) :])
+                if len(batch) >= RELIST_BATCH:
+                    self._relist(keys=[f"{self.prefix}lrs"], args=[self.prefix, *batch])
+                    batch = []
+            if batch:
+                self._relist(keys=[f"{self.prefix}lrs"], args=[self.prefix, *batch])
+            self._redis.set(marker, 1)
+        self._listed = True
+
     def purge(self, before: float, limit: int = 1000) -> int:
-        done = f"{self.prefix}d"
-        members = self._redis.zrangebyscore(done, "-inf", f"({before!r}", start=0, num=limit)
-        if not members:
-            return 0
-        pipe = self._redis.pipeline(transaction=True)
-        for member in members:
-            pipe.delete(*self._keys(*_split(member)))
-        pipe.zrem(done, *members)
-        pipe.execute()
-        return len(members)
+        return int(self._purge(keys=[f"{self.prefix}d"], args=[self.prefix, repr(before), limit]))
 
     def set_receiver(self, name: str, disabled: bool, reason: str, now: float) -> None:
         flag = json.dumps({"disabled": disabled, "reason": reason, "at": now})
