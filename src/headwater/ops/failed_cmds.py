@@ -52,10 +52,10 @@ def show_cmd(ctx: click.Context, event_id: str, fmt: str) -> None:
     """Everything about one failed event, its original bytes and headers included."""
     from headwater.pipeline.failed import FailedStore
 
-    found = [e for e in FailedStore(cli_config(ctx)).events() if e.id == event_id]
-    if not found:
+    found = FailedStore(cli_config(ctx)).get(event_id)
+    if found is None:
         raise BadInput(f"no failed event with id {event_id!r} (see: headwater failed list)")
-    data = found[-1].to_json()
+    data = found.to_json()
     if fmt == "json":
         echo_json(data)
         return

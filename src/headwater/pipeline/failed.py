@@ -24,16 +24,14 @@ how deep its cursor is, not the size of the store.
 from __future__ import annotations
 
 import base64
-import heapq
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from itertools import islice
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from headwater.bus import Bus, Message, Record, open_bus
-from headwater.bus.errors import InvalidArgument, LogLocked
+from headwater.bus.errors import LogLocked
 from headwater.config.model import HeadwaterConfig
 
 if TYPE_CHECKING:
@@ -85,15 +83,6 @@ class FailedEvent:
             out["value"] = _show(self.value)
             out["headers"] = {k: _show(v) for k, v in self.headers}
         return out
-
-
-@dataclass(frozen=True)
-class FailedPage:
-    """A page of failed events, newest first, and the cursor of the page after it (pass it as
-    ``before``; None: this is the last page)."""
-
-    events: list[FailedEvent]
-    next: str | None
 
 
 def _show(data: bytes) -> str | dict[str, str]:
@@ -173,7 +162,7 @@ class FailedStore:
         self.config = failed_config(config)
         self.topic = config.pipeline.failed_topic
 
-    def _open(self, *, read_only: bool) -> Bus:
+    def open(self, *, read_only: bool) -> Bus:
         deadline = time.monotonic() + LOCK_WAIT_S
         delay = 0.01
         while True:
@@ -191,7 +180,7 @@ class FailedStore:
         """Append ``events`` durably (to the store's topic, or ``topic``)."""
         if not events:
             return
-        with self._open(read_only=False) as bus:
+        with self.open(read_only=False) as bus:
             name = topic or self.topic
             bus.create_topic(name)
             bus.append(name, [to_message(e) for e in events]).result()
@@ -200,11 +189,11 @@ class FailedStore:
     def ensure_topic(self, topic: str) -> None:
         """Create ``topic`` on the store's bus unless it exists (Spark's Kafka connector fails a
         query over a topic that does not exist)."""
-        with self._open(read_only=False) as bus:
+        with self.open(read_only=False) as bus:
             bus.create_topic(topic)
 
     def records(self, topic: str | None = None) -> Iterator[Record]:
-        with self._open(read_only=True) as bus:
+        with self.open(read_only=True) as bus:
             name = topic or self.topic
             if name not in {t.name for t in bus.topics()}:
                 return
@@ -234,60 +223,6 @@ class FailedStore:
             latest[event.id] = event
         return list(latest.values())
 
-    def page(
-        self,
-        destination: str | None = None,
-        step: str | None = None,
-        code: str | None = None,
-        since: str | None = None,
-        before: str | None = None,
-        limit: int = 50,
-    ) -> FailedPage:
-        """Up to ``limit`` failed events (the latest record per id), newest first, that match
-        the filters: ``destination``, ``step`` and ``code`` exactly, ``since`` an ISO time
-        (``failed_at >= since``, compared as text like ``events``). ``before`` is the ``next``
-        cursor of the previous page.
-
-        Each partition is read backwards from its high watermark in chunks, and the partitions
-        are merged newest ``failed_at`` first. A record is skipped when its id has a record at a
-        higher offset of its partition (the id is the record key, so all its records share a
-        partition): the first chunk of a partition also reads the records above the cursor, so
-        an id on an earlier page, or one failed again since, never comes back lower down. So a
-        page costs what lies above its cursor plus what it reads until it is full (one more
-        event, to know there is a next page); a partition stops at its first record older than
-        ``since`` (``failed_at`` grows with the offset in a partition).
-
-        The cursor is ``<partition>:<offset>`` per partition, comma-separated: the next page
-        reads each partition below that offset (a partition it omits is done). Events failed
-        after the first page do not shift it: they are above every cursor."""
-        if limit < 1:
-            raise InvalidArgument(f"limit must be at least 1, not {limit}")
-        wanted = {
-            name: value.encode()
-            for name, value in ((DESTINATION, destination), (STEP, step), (CODE, code))
-            if value is not None
-        }
-        with self._open(read_only=True) as bus:
-            if self.topic not in {t.name for t in bus.topics()}:
-                return FailedPage([], None)
-            partitions = bus.topic(self.topic).partitions
-            below = None if before is None else _parse_cursor(before)
-            bounds: dict[int, int] = {}
-            streams: list[Iterator[_Row]] = []
-            for p in range(partitions):
-                low, high = bus.watermarks(self.topic, p)
-                bound = high if below is None else min(max(below.get(p, low), low), high)
-                bounds[p] = bound
-                streams.append(_newest_first(bus, self.topic, p, low, bound, high, wanted, since))
-            merged = heapq.merge(*streams, key=lambda row: row.failed_at, reverse=True)
-            rows = list(islice(merged, limit + 1))
-            events = [e for row in rows[:limit] if (e := _event(row.batch, row.index))]
-        if len(rows) <= limit:
-            return FailedPage(events, None)
-        for row in rows[:limit]:
-            bounds[row.partition] = row.offset  # newest first: the last one is the lowest
-        return FailedPage(events, ",".join(f"{p}:{offset}" for p, offset in sorted(bounds.items())))
-
     def get(self, event_id: str) -> FailedEvent | None:
         """The latest record of ``event_id``, or None. It is the record key: each partition is
         read backwards until its first record with that key, so a recent failure is found at
@@ -296,7 +231,7 @@ class FailedStore:
         import pyarrow.compute as pc
 
         key = pa.scalar(event_id.encode(), pa.binary())
-        with self._open(read_only=True) as bus:
+        with self.open(read_only=True) as bus:
             if self.topic not in {t.name for t in bus.topics()}:
                 return None
             for p in range(bus.topic(self.topic).partitions):
@@ -304,10 +239,10 @@ class FailedStore:
                 size = CHUNK
                 while end > low:
                     start = max(low, end - size)
-                    for batch in reversed(_read_range(bus, self.topic, p, start, end)):
+                    for batch in reversed(read_range(bus, self.topic, p, start, end)):
                         hits = pc.indices_nonzero(pc.equal(batch.column("key"), key)).to_pylist()
                         for i in reversed(hits):
-                            event = _event(batch, i)
+                            event = event_at(batch, i)
                             if event is not None and event.id == event_id:
                                 return event
                     end, size = start, min(size * 4, MAX_CHUNK)
@@ -317,7 +252,7 @@ class FailedStore:
         """The records in the store's topic (high minus low watermark, summed over partitions),
         without reading one: an upper bound on the failed events, since an id failed again
         has several records and compaction leaves gaps."""
-        with self._open(read_only=True) as bus:
+        with self.open(read_only=True) as bus:
             if self.topic not in {t.name for t in bus.topics()}:
                 return 0
             total = 0
@@ -336,7 +271,7 @@ class FailedStore:
             )
         if not by_destination:
             return {}
-        with self._open(read_only=False) as bus:
+        with self.open(read_only=False) as bus:
             for destination, messages in by_destination.items():
                 topic = replay_topic(destination)
                 bus.create_topic(topic)
@@ -345,26 +280,7 @@ class FailedStore:
         return {d: len(m) for d, m in by_destination.items()}
 
 
-class _Row(NamedTuple):
-    """A failed event a page may show: where it is, and the Arrow row that holds it."""
-
-    failed_at: str
-    partition: int
-    offset: int
-    batch: pa.RecordBatch
-    index: int
-
-
-def _parse_cursor(cursor: str) -> dict[int, int]:
-    """``{partition: offset}`` of a page cursor (``0:120,1:98``)."""
-    try:
-        pairs = [part.split(":") for part in cursor.split(",")]
-        return {int(p): int(offset) for p, offset in pairs}
-    except ValueError:
-        raise InvalidArgument(f"{cursor!r} is not a failed-store page cursor") from None
-
-
-def _read_range(bus: Bus, topic: str, partition: int, start: int, end: int) -> list[pa.RecordBatch]:
+def read_range(bus: Bus, topic: str, partition: int, start: int, end: int) -> list[pa.RecordBatch]:
     """The records ``[start, end)`` of a partition as Arrow batches, in offset order."""
     out: list[pa.RecordBatch] = []
     offset = start
@@ -377,66 +293,7 @@ def _read_range(bus: Bus, topic: str, partition: int, start: int, end: int) -> l
     return out
 
 
-def _header_columns(batch: pa.RecordBatch, names: Sequence[str]) -> dict[str, list[bytes | None]]:
-    """Per header name, its value in each row of ``batch`` (None where a row lacks it)."""
-    import pyarrow.compute as pc
-
-    headers = batch.column("headers")
-    parents = pc.list_parent_indices(headers)
-    keys, values = headers.flatten().flatten()
-    out: dict[str, list[bytes | None]] = {}
-    for name in names:
-        mask = pc.equal(keys, name)
-        column: list[bytes | None] = [None] * batch.num_rows
-        for row, value in zip(
-            pc.filter(parents, mask).to_pylist(), pc.filter(values, mask).to_pylist(), strict=True
-        ):
-            column[row] = value
-        out[name] = column
-    return out
-
-
-def _newest_first(
-    bus: Bus,
-    topic: str,
-    partition: int,
-    low: int,
-    bound: int,
-    high: int,
-    wanted: Mapping[str, bytes],
-    since: str | None,
-) -> Iterator[_Row]:
-    """The failed events of a partition below ``bound`` that match, highest offset first, each
-    id at its highest offset only. The first read also takes ``[bound, high)``: ids there hide
-    the same id below."""
-    seen: set[bytes] = set()
-    names = (ID, AT, *wanted)
-    end, top, size = bound, high, CHUNK
-    while end > low:
-        start = max(low, end - size)
-        for batch in reversed(_read_range(bus, topic, partition, start, top)):
-            columns = _header_columns(batch, names)
-            ids, ats = columns[ID], columns[AT]
-            offsets = batch.column("offset").to_pylist()
-            for i in range(batch.num_rows - 1, -1, -1):
-                event_id = ids[i]
-                if event_id is None:
-                    continue  # not a failed event
-                if offsets[i] >= end:
-                    seen.add(event_id)  # above the cursor: shown already, or newer
-                    continue
-                failed_at = (ats[i] or b"").decode("utf-8", "replace")
-                if since is not None and failed_at < since:
-                    return
-                if event_id in seen:
-                    continue
-                seen.add(event_id)
-                if all(columns[name][i] == value for name, value in wanted.items()):
-                    yield _Row(failed_at, partition, offsets[i], batch, i)
-        end, top, size = start, start, min(size * 4, MAX_CHUNK)
-
-
-def _event(batch: pa.RecordBatch, index: int) -> FailedEvent | None:
+def event_at(batch: pa.RecordBatch, index: int) -> FailedEvent | None:
     """The failed event in row ``index`` of an Arrow batch of the store."""
     row = batch.slice(index, 1).to_pylist()[0]
     record = Record(

@@ -53,7 +53,7 @@ def test_failed_events_are_paged_filtered_shown_and_replayed(served: Served) -> 
     client = served.client()
 
     first = get(served, client, "/failed")
-    assert "12 records in the failed store" in first
+    assert "12 failed events; 12 match the filters" in first
     shown = [
         n for n in range(12) if f"events-track:0:{n}&#34;" in first or f">event {n} is" in first
     ]
@@ -65,6 +65,7 @@ def test_failed_events_are_paged_filtered_shown_and_replayed(served: Served) -> 
 
     only = get(served, client, "/failed?code=HW-PIPE-301")
     assert [n for n in range(12) if f">event {n} is" in only] == [0, 4, 8]
+    assert "3 match the filters" in only
     since = get(served, client, "/failed?since=2026-11-26T10:10:00Z")
     assert [n for n in range(12) if f">event {n} is" in since] == [10, 11]
     bad = client.get(f"{served.url}/failed?since=yesterday", headers=HTML)

@@ -78,7 +78,7 @@ async def replay(request: web.Request) -> web.Response:
         if ids:
             events = []
             for event_id in ids:
-                event = store.get(event_id)
+                event = console.failed.get(event_id)
                 if event is None:
                     raise web.HTTPBadRequest(text=f"no failed event with id {event_id!r}")
                 events.append(event)

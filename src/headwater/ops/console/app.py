@@ -19,6 +19,8 @@ from headwater.bus import Bus
 from headwater.config.model import HeadwaterConfig
 from headwater.ops.console.auth import COOKIE, Session, Sessions, is_open, same_origin
 from headwater.ops.console.series import Series
+from headwater.pipeline.failed import FailedStore
+from headwater.pipeline.failed_index import FailedIndex
 
 if TYPE_CHECKING:
     from headwater.collector.metrics import Metrics
@@ -55,11 +57,13 @@ class Console:
     series: Series = field(default_factory=Series)
     closing: asyncio.Event = field(default_factory=asyncio.Event)  # ends the live tails
     sessions: Sessions = field(init=False)
+    failed: FailedIndex = field(init=False)
     templates: jinja2.Environment = field(init=False)
 
     def __post_init__(self) -> None:
         cfg = self.config.console
         self.sessions = Sessions(list(cfg.admin_token_hashes), cfg.session_ttl_s)
+        self.failed = FailedIndex(FailedStore(self.config))
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from headwater.pipeline.status import DestinationStatus
 
 SCHEMA_WAIT_S = 5.0
-COUNT_CAP = 1000  # counts on the overview stop here ("1000+"): each page stays quick
+COUNT_CAP = 1000  # webhook failures counted on the overview stop here: the page stays quick
 
 
 @dataclass
@@ -134,13 +134,6 @@ def destination_statuses(
         written = read_status(config)
         running = written.destinations if written is not None else []
     return {s.destination: s for s in running}
-
-
-def failed_since(config: HeadwaterConfig, since: str) -> int:
-    """Failed events since ``since`` (ISO), counted up to ``COUNT_CAP``."""
-    from headwater.pipeline.failed import FailedStore
-
-    return len(FailedStore(config).page(since=since, limit=COUNT_CAP).events)
 
 
 def transport_statuses(config: HeadwaterConfig) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from headwater.bus.errors import InvalidArgument
 from headwater.ops.console import data
 from headwater.ops.console.app import CONSOLE_KEY, Console
 from headwater.ops.console.charts import line_chart
@@ -66,7 +67,7 @@ async def overview(request: web.Request) -> web.Response:
 
     def read() -> dict[str, Any]:
         return {
-            "failed_last_hour": data.failed_since(console.config, _iso(time.time() - HOUR_S)),
+            "failed_last_hour": console.failed.count(_iso(time.time() - HOUR_S)),
             "topics": data.log_topics(console.config, console.bus),
             "lags": data.writer_lags(console.config, console.bus),
             "readers": data.transport_statuses(console.config),
@@ -100,7 +101,6 @@ async def overview(request: web.Request) -> web.Response:
         request,
         "overview.html",
         charts=charts,
-        failed_cap=data.COUNT_CAP,
         webhooks_failed_last_hour=await console.run(_webhooks_failed, console, now - HOUR_S),
         destination_errors=recent,
         when=when,
@@ -178,15 +178,12 @@ def _filters(request: web.Request, names: tuple[str, ...]) -> dict[str, str]:
 
 async def failed(request: web.Request) -> web.Response:
     console = _console(request)
-    from headwater.pipeline.failed import FailedStore
-
     chosen = _filters(request, ("destination", "step", "code", "since"))
     since = _since(chosen["since"])
     before = request.query.get("before") or None
 
     def read() -> tuple[Any, int]:
-        store = FailedStore(console.config)
-        found = store.page(
+        found = console.failed.page(
             destination=chosen["destination"] or None,
             step=chosen["step"] or None,
             code=chosen["code"] or None,
@@ -194,9 +191,12 @@ async def failed(request: web.Request) -> web.Response:
             before=before,
             limit=console.config.console.page_size,
         )
-        return found, store.total()
+        return found, console.failed.count()
 
-    page, total = await console.run(read)
+    try:
+        page, total = await console.run(read)
+    except InvalidArgument as e:
+        raise web.HTTPBadRequest(text=str(e)) from None
     return console.render(
         request,
         "failed.html",
@@ -210,10 +210,8 @@ async def failed(request: web.Request) -> web.Response:
 
 async def failed_event(request: web.Request) -> web.Response:
     console = _console(request)
-    from headwater.pipeline.failed import FailedStore
-
     event_id = request.query.get("id", "")
-    event = await console.run(FailedStore(console.config).get, event_id)
+    event = await console.run(console.failed.get, event_id)
     if event is None:
         raise web.HTTPNotFound(text=f"no failed event with id {event_id!r}")
     return console.render(

@@ -49,14 +49,12 @@ async def _intake(console: Console, session: aiohttp.ClientSession) -> dict[str,
 
 
 def _log_points(console: Console) -> dict[str, float]:
-    from headwater.pipeline.failed import FailedStore
-
     out: dict[str, float] = {}
     for topic in data.log_topics(console.config, console.bus):
         out[f"topic:{topic.name}"] = topic.appended
     for lag in data.writer_lags(console.config, console.bus):
         out[f"lag:{lag.group}"] = lag.lag
-    out["failed"] = FailedStore(console.config).total()
+    out["failed"] = console.failed.count()  # keeps the index caught up in the background
     return out
 
 

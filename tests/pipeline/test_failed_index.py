@@ -1,20 +1,19 @@
-"""Pages of the failed store (``FailedStore.page``, ``get``, ``total``), on the embedded log."""
+"""Pages of the failed store through its index (``FailedIndex``: pages, counts, one event by
+id) and the store's own ``get`` and ``total``, on the embedded log."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
-import pyarrow as pa
 import pytest
 
-from headwater.bus.embedded.backend import EmbeddedBus
 from headwater.bus.errors import InvalidArgument
 from headwater.config.model import HeadwaterConfig
-from headwater.pipeline.failed import FailedEvent, FailedPage, FailedStore, make_id
+from headwater.pipeline import failed_index
+from headwater.pipeline.failed import FailedEvent, FailedStore, make_id
+from headwater.pipeline.failed_index import FailedIndex, IndexPage
 
 START = datetime(2024, 5, 1, tzinfo=UTC)
 
@@ -53,12 +52,12 @@ def config(tmp_path: Path) -> HeadwaterConfig:
     )
 
 
-def walk(store: FailedStore, limit: int, **filters: str) -> list[list[FailedEvent]]:
+def walk(index: FailedIndex, limit: int, **filters: str) -> list[list[FailedEvent]]:
     """Every page, following the cursors to the end."""
     pages: list[list[FailedEvent]] = []
     before: str | None = None
     while True:
-        page = store.page(**filters, before=before, limit=limit)
+        page = index.page(**filters, before=before, limit=limit)
         pages.append(page.events)
         if page.next is None:
             return pages
@@ -72,29 +71,33 @@ def offsets(events: list[FailedEvent]) -> list[int]:
 
 def test_newest_first_with_a_cursor_to_the_next_page(config):
     store = FailedStore(config)
+    index = FailedIndex(store)
     store.append([event(i) for i in range(5)])
-    first = store.page(limit=2)
+    first = index.page(limit=2)
     assert offsets(first.events) == [4, 3]
     assert first.events[0] == event(4)
-    assert first.next == "0:3"
-    second = store.page(before=first.next, limit=2)
+    assert first.matching == 5
+    second = index.page(before=first.next, limit=2)
     assert offsets(second.events) == [2, 1]
-    last = store.page(before=second.next, limit=2)
-    assert last == FailedPage([event(0)], None)
-    assert store.page(limit=5).next is None  # exactly full: no next page
+    last = index.page(before=second.next, limit=2)
+    assert last == IndexPage([event(0)], None, 5)
+    assert index.page(limit=5).next is None  # exactly full: no next page
 
 
 def test_an_empty_or_missing_store_has_one_empty_page(config):
     store = FailedStore(config)
-    assert store.page() == FailedPage([], None)
+    index = FailedIndex(store)
+    assert index.page() == IndexPage([], None, 0)
     assert store.get(event(0).id) is None
     assert store.total() == 0
     store.ensure_topic(store.topic)
-    assert store.page() == FailedPage([], None)
+    assert index.page() == IndexPage([], None, 0)
+    assert index.count() == 0 and index.get(event(0).id) is None
 
 
 def test_every_filter(config):
     store = FailedStore(config)
+    index = FailedIndex(store)
     store.append(
         [
             event(0),
@@ -104,52 +107,56 @@ def test_every_filter(config):
             event(4),
         ]
     )
-    assert offsets(store.page(destination="pg").events) == [3, 1]
-    assert offsets(store.page(destination="warehouse").events) == [4, 2, 0]
-    assert offsets(store.page(step="schema").events) == [2]
-    assert offsets(store.page(code="HW-PIPE-102").events) == [3, 2]
-    assert offsets(store.page(destination="pg", code="HW-PIPE-102").events) == [3]
-    assert offsets(store.page(since="2024-05-01T00:00:02").events) == [4, 3, 2]
-    assert offsets(store.page(since="2024-05-01T00:00:02", code="HW-PIPE-101").events) == [4]
-    assert store.page(destination="nope") == FailedPage([], None)
+    assert offsets(index.page(destination="pg").events) == [3, 1]
+    assert offsets(index.page(destination="warehouse").events) == [4, 2, 0]
+    assert offsets(index.page(step="schema").events) == [2]
+    assert offsets(index.page(code="HW-PIPE-102").events) == [3, 2]
+    assert offsets(index.page(destination="pg", code="HW-PIPE-102").events) == [3]
+    assert offsets(index.page(since="2024-05-01T00:00:02").events) == [4, 3, 2]
+    assert offsets(index.page(since="2024-05-01T00:00:02", code="HW-PIPE-101").events) == [4]
+    assert index.page(destination="nope") == IndexPage([], None, 0)
+    assert index.page(code="HW-PIPE-102").matching == 2
+    assert index.count() == 5 and index.count(since="2024-05-01T00:00:02") == 3
 
 
 def test_paging_walks_every_event_exactly_once(config):
     store = FailedStore(config)
+    index = FailedIndex(store)
     store.append([event(i, destination="pg" if i % 3 else "warehouse") for i in range(100)])
     for limit in (1, 7, 10, 33, 100, 500):
-        pages = walk(store, limit)
+        pages = walk(index, limit)
         assert [o for page in pages for o in offsets(page)] == list(range(99, -1, -1))
-    filtered = [o for page in walk(store, 4, destination="warehouse") for o in offsets(page)]
+    filtered = [o for page in walk(index, 4, destination="warehouse") for o in offsets(page)]
     assert filtered == list(range(99, -1, -3))
 
 
 def test_paging_merges_several_partitions_newest_first(config):
     store = FailedStore(config)
-    with store._open(read_only=False) as bus:
+    index = FailedIndex(store)
+    with store.open(read_only=False) as bus:
         bus.create_topic(store.topic, partitions=3)  # Kafka's layout: records go by key
     store.append([event(i) for i in range(60)])
-    with store._open(read_only=True) as bus:
+    with store.open(read_only=True) as bus:
         used = [bus.watermarks(store.topic, p)[1] for p in range(3)]
     assert all(used) and sum(used) == 60
     for limit in (1, 8, 60):
-        pages = walk(store, limit)
+        pages = walk(index, limit)
         assert [o for page in pages for o in offsets(page)] == list(range(59, -1, -1))
-    assert len(store.page(limit=8).next.split(",")) == 3
 
 
 def test_a_refailed_id_appears_once_with_its_latest_record_on_its_newest_page(config):
     store = FailedStore(config)
+    index = FailedIndex(store)
     store.append([event(i) for i in range(10)])
     again = replace(event(2), code="HW-PIPE-103", failed_at="2024-05-01T01:00:00.000Z")
     store.append([again])  # a batch failed again after a crash: same id, newest position
     assert store.total() == 11
-    pages = walk(store, 3)
+    pages = walk(index, 3)
     assert [offsets(p) for p in pages] == [[2, 9, 8], [7, 6, 5], [4, 3, 1], [0]]
     assert pages[0][0] == again
     # and with a filter the old record does not match in its place: the id is the latest record
-    assert offsets(store.page(code="HW-PIPE-101").events) == [9, 8, 7, 6, 5, 4, 3, 1, 0]
-    assert offsets(store.page(code="HW-PIPE-103").events) == [2]
+    assert offsets(index.page(code="HW-PIPE-101").events) == [9, 8, 7, 6, 5, 4, 3, 1, 0]
+    assert offsets(index.page(code="HW-PIPE-103").events) == [2]
     assert [e.id for e in store.events()] == [
         e.id for e in reversed([e for page in pages for e in page])
     ]
@@ -157,21 +164,28 @@ def test_a_refailed_id_appears_once_with_its_latest_record_on_its_newest_page(co
 
 def test_an_id_failed_again_after_its_page_was_shown_does_not_come_back_lower(config):
     store = FailedStore(config)
+    index = FailedIndex(store)
     store.append([event(i) for i in range(10)])
-    first = store.page(limit=4)
+    first = index.page(limit=4)
     assert offsets(first.events) == [9, 8, 7, 6]
-    store.append([replace(event(8), reason="again"), replace(event(3), reason="again")])
-    rest = [o for page in walk_from(store, first.next, 4) for o in offsets(page)]
+    later = "2024-05-01T01:00:00.000Z"  # failed again, later
+    store.append(
+        [
+            replace(event(8), reason="again", failed_at=later),
+            replace(event(3), reason="again", failed_at=later),
+        ]
+    )
+    rest = [o for page in walk_from(index, first.next, 4) for o in offsets(page)]
     assert rest == [5, 4, 2, 1, 0]  # 8 is newer than the cursor now, 3 is above it too
-    fresh = store.page(limit=3)
+    fresh = index.page(limit=3)
     assert offsets(fresh.events) == [3, 8, 9]
     assert fresh.events[0].reason == "again"
 
 
-def walk_from(store: FailedStore, before: str | None, limit: int) -> list[list[FailedEvent]]:
+def walk_from(index: FailedIndex, before: str | None, limit: int) -> list[list[FailedEvent]]:
     pages: list[list[FailedEvent]] = []
     while before is not None:
-        page = store.page(before=before, limit=limit)
+        page = index.page(before=before, limit=limit)
         pages.append(page.events)
         before = page.next
     return pages
@@ -179,78 +193,53 @@ def walk_from(store: FailedStore, before: str | None, limit: int) -> list[list[F
 
 def test_a_refailed_id_far_above_its_first_record_is_shown_once_across_pages(config):
     store = FailedStore(config)
+    index = FailedIndex(store)
     store.append([event(i) for i in range(10_000)])
-    store.append([replace(event(5), reason="again")])  # its old record is 9,995 records lower
+    again = replace(event(5), reason="again", failed_at="2024-05-02T00:00:00.000Z")
+    store.append([again])  # its old record is 9,995 records lower
     seen: list[str] = []
-    for page in walk(store, 1000):
+    for page in walk(index, 1000):
         seen += [e.id for e in page]
     assert len(seen) == len(set(seen)) == 10_000
-    assert store.page(limit=1).events[0].reason == "again"
+    assert index.page(limit=1).events[0].reason == "again"
 
 
-def test_since_stops_reading_at_the_first_older_record(config, monkeypatch):
+def test_the_index_reads_only_what_was_appended_since_its_last_look(config, monkeypatch):
     store = FailedStore(config)
-    store.append([event(i) for i in range(30_000)])
-    read: list[int] = []
-    real = EmbeddedBus.read_arrow
+    index = FailedIndex(store)
+    store.append([event(i) for i in range(3_000)])
+    assert index.count() == 3_000
+    read: list[tuple[int, int]] = []
+    real = failed_index.read_range
 
-    def counting(self: EmbeddedBus, *args: Any, **kwargs: Any) -> list[pa.RecordBatch]:
-        batches = real(self, *args, **kwargs)
-        read.append(sum(b.num_rows for b in batches))
-        return batches
+    def counting(bus, topic, partition, start, end):  # type: ignore[no-untyped-def]
+        read.append((start, end))
+        return real(bus, topic, partition, start, end)
 
-    monkeypatch.setattr(EmbeddedBus, "read_arrow", counting)
-    page = store.page(since="2024-05-01T08:19:50", limit=50)  # offset 29,990 on
-    assert offsets(page.events) == list(range(29_999, 29_989, -1))
-    assert page.next is None
-    assert 0 < sum(read) < 10_000  # not the 30,000 records of the store
+    monkeypatch.setattr(failed_index, "read_range", counting)
+    store.append([event(i) for i in range(3_000, 3_010)])
+    page = index.page(since="2024-05-01T00:49:50", limit=50)  # offset 2,990 on
+    assert offsets(page.events) == list(range(3_009, 2_989, -1))
+    assert page.next is None and page.matching == 20
+    assert read[0] == (3_000, 3_010)  # the refresh: only the new records
+    assert all(end - start <= 50 for start, end in read[1:])  # then the page's own
 
 
 def test_get_returns_the_latest_record_of_an_id(config):
     store = FailedStore(config)
+    index = FailedIndex(store)
     store.append([event(i) for i in range(20)])
     store.append([replace(event(4), reason="again")])
-    assert store.get(event(7).id) == event(7)
-    assert store.get(event(4).id) == replace(event(4), reason="again")
-    assert store.get("warehouse:events-track:0:999") is None
+    for where in (store, index):
+        assert where.get(event(7).id) == event(7)
+        assert where.get(event(4).id) == replace(event(4), reason="again")
+        assert where.get("warehouse:events-track:0:999") is None
     assert store.total() == 21
 
 
 def test_a_cursor_that_is_not_one_is_refused(config):
     store = FailedStore(config)
+    index = FailedIndex(store)
     store.append([event(0)])
-    with pytest.raises(InvalidArgument, match="not a failed-store page cursor"):
-        store.page(before="yesterday")
-    with pytest.raises(InvalidArgument, match="limit"):
-        store.page(limit=0)
-
-
-def test_a_page_of_100k_failed_events(config):
-    store = FailedStore(config)
-    events = [
-        event(i, destination="pg" if i % 10 == 0 else "warehouse", code=f"HW-PIPE-10{i % 4}")
-        for i in range(100_000)
-    ]
-    store.append(events)  # one append: one stored batch of 100k records, the worst layout
-    assert store.total() == 100_000
-    timings: dict[str, float] = {}
-    started = time.perf_counter()
-    store.page(limit=1)  # the first read of a process imports pyarrow and numpy
-    timings["first (cold)"] = time.perf_counter() - started
-    for name, filters in {
-        "newest": {},
-        "destination=pg": {"destination": "pg"},
-        "destination=pg code=HW-PIPE-102": {"destination": "pg", "code": "HW-PIPE-102"},
-    }.items():
-        started = time.perf_counter()
-        page = store.page(**filters)
-        timings[name] = time.perf_counter() - started
-        assert len(page.events) == 50 and page.next is not None
-    started = time.perf_counter()
-    deep = store.page(before="0:50000")
-    timings["before=0:50000"] = time.perf_counter() - started
-    assert offsets(deep.events) == list(range(49_999, 49_949, -1))
-    started = time.perf_counter()
-    assert store.get(events[99_990].id) == events[99_990]
-    timings["get"] = time.perf_counter() - started
-    print(" ".join(f"{name}: {seconds * 1000:.0f} ms" for name, seconds in timings.items()))
+    with pytest.raises(InvalidArgument, match="not a page cursor"):
+        index.page(before="yesterday")
