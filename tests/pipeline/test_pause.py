@@ -13,7 +13,6 @@ the paused ones would have written them by then.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -22,14 +21,13 @@ from typing import Any
 
 import duckdb
 import pytest
-from click.testing import CliRunner, Result
+from tests.ops.test_status_sql import _no_headwater_env, hw  # noqa: F401 (a fixture)
 
 from headwater.bus import Bus, context, open_bus
 from headwater.bus.records import Message
 from headwater.config import load_config
 from headwater.config.model import HeadwaterConfig
 from headwater.errors import ConfigError
-from headwater.ops.cli import cli
 from headwater.pipeline.runner import Pipeline
 from headwater.pipeline.status import (
     Backoff,
@@ -207,13 +205,6 @@ def test_a_paused_destination_gets_nothing_until_resumed_then_every_event_once(
 # --- the status board and the commands --------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def _no_headwater_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("HEADWATER_"):
-            monkeypatch.delenv(name)
-
-
 @pytest.fixture
 def config_file(tmp_path: Path) -> Path:
     path = tmp_path / "headwater.yaml"
@@ -225,13 +216,6 @@ def config_file(tmp_path: Path) -> Path:
         "    - {id: pg, type: postgres, dsn: 'postgresql://x@127.0.0.1:1/x', mode: batch}\n"
     )
     return path
-
-
-def hw(config_file: Path, *args: str, code: int = 0) -> Result:
-    result = CliRunner().invoke(cli, [*args, "--config", str(config_file)])
-    assert result.exit_code == code, (result.output, result.exception)
-    assert "Traceback" not in result.output
-    return result
 
 
 def test_pause_and_resume_commands(config_file: Path) -> None:

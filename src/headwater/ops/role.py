@@ -5,8 +5,10 @@ log, and a small HTTP site for ``/healthz``."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -14,6 +16,10 @@ from headwater.bus import Bus, open_bus
 from headwater.bus.errors import LogLocked
 from headwater.config.model import HeadwaterConfig
 from headwater.ops.errors import BadInput
+from headwater.ops.up import remove_signals
+
+if TYPE_CHECKING:
+    from headwater.webhooks.state import StateStore
 
 
 async def open_role_bus(config: HeadwaterConfig, runs: str, processes: str) -> Bus:
@@ -46,3 +52,18 @@ async def health_site(
         yield f"http://{bound[0]}:{bound[1]}/healthz"
     finally:
         await runner.cleanup()
+
+
+async def close_role(
+    bus: Bus,
+    installed: list[signal.Signals],
+    echo: Callable[[str], None],
+    store: StateStore | None = None,
+) -> None:
+    """A role's last steps: its webhook state closed, its bus flushed and closed, its signal
+    handlers removed, and ``stopped`` said."""
+    if store is not None:
+        store.close()
+    await asyncio.to_thread(bus.close)
+    remove_signals(installed)
+    echo("headwater: stopped")

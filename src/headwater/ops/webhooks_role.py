@@ -16,7 +16,7 @@ from aiohttp import web
 
 from headwater.config.model import HeadwaterConfig
 from headwater.ops.errors import BadInput
-from headwater.ops.role import health_site, open_role_bus
+from headwater.ops.role import close_role, health_site, open_role_bus
 from headwater.ops.up import describe_bus, remove_signals, stop_on_signals
 
 
@@ -62,11 +62,7 @@ async def serve_webhooks(
             echo("headwater: stopping")
             await task
     finally:
-        if store is not None:
-            store.close()
-        await asyncio.to_thread(bus.close)
-        remove_signals(installed)
-    echo("headwater: stopped")
+        await close_role(bus, installed, echo, store)
 
 
 def run_webhooks(

@@ -16,6 +16,7 @@ from headwater.config.model import HeadwaterConfig
 from headwater.ops.console.app import Console, make_app
 from headwater.ops.console.sampler import run_sampler
 from headwater.ops.errors import BadInput
+from headwater.ops.role import close_role
 from headwater.ops.up import remove_signals, stop_on_signals
 
 
@@ -82,11 +83,7 @@ async def serve_console(
             await stop.wait()
             echo("headwater: stopping")
     finally:
-        if store is not None:
-            store.close()
-        await asyncio.to_thread(bus.close)
-        remove_signals(installed)
-    echo("headwater: stopped")
+        await close_role(bus, installed, echo, store)
 
 
 def run_console(
