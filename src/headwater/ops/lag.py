@@ -23,16 +23,18 @@ def group_rows(bus: Bus, group: str) -> list[dict[str, Any]]:
             partitions = range(0)
             for tp, offset in sorted(committed.items()):
                 if tp.topic == topic:
-                    rows.append(_row(topic, tp.partition, offset, None, None))
+                    rows.append(lag_row(topic, tp.partition, offset, None, None))
         for p in partitions:
             low, high = bus.watermarks(topic, p)
-            rows.append(_row(topic, p, committed.get(TopicPartition(topic, p)), low, high))
+            rows.append(lag_row(topic, p, committed.get(TopicPartition(topic, p)), low, high))
     return rows
 
 
-def _row(
+def lag_row(
     topic: str, partition: int, committed: int | None, low: int | None, high: int | None
 ) -> dict[str, Any]:
+    """One partition's row: ``committed`` is the next offset the writer reads (None: it has
+    not committed; its lag counts from ``low``)."""
     lag: int | None = None
     if high is not None and low is not None:
         lag = max(0, high - max(committed if committed is not None else low, low))

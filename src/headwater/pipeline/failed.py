@@ -152,7 +152,14 @@ def from_record(record: Record) -> FailedEvent | None:
 
 
 def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return iso_at(datetime.now(UTC).timestamp())
+
+
+def iso_at(seconds: float) -> str:
+    """A time as the store writes ``failed_at`` (UTC, milliseconds, ``Z``): text that sorts as
+    time does."""
+    moment = datetime.fromtimestamp(seconds, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class FailedStore:

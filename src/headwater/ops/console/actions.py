@@ -11,7 +11,7 @@ from aiohttp import web
 
 from headwater.errors import HeadwaterError
 from headwater.ops.console.app import CONSOLE_KEY, Console, local_path
-from headwater.ops.console.pages import _since
+from headwater.ops.console.pages import parse_since
 
 
 def add_routes(app: web.Application) -> None:
@@ -66,7 +66,7 @@ async def replay(request: web.Request) -> web.Response:
     form = await request.post()
     ids = [str(v) for v in form.getall("id", []) if str(v)]
     destination = str(form.get("destination", "")) or None
-    since = _since(str(form.get("since", "")))
+    since = parse_since(str(form.get("since", "")))
     if not ids and form.get("all") != "yes":
         raise web.HTTPBadRequest(text="choose events to replay, or all (since a time)")
     known = {d.id for d in console.config.pipeline.destinations}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from headwater.bus import Bus
 from headwater.config.model import HeadwaterConfig
 from headwater.errors import HeadwaterError
-from headwater.ops.lag import group_rows
+from headwater.ops.lag import group_rows, lag_row
 from headwater.pipeline.config import DestinationConfig
 
 if TYPE_CHECKING:
@@ -76,17 +76,7 @@ def writer_lags(config: HeadwaterConfig, bus: Bus) -> list[WriterLag]:
                 low, high = bus.watermarks(topic, partition)
             except HeadwaterError:  # a topic of the failed store (replays), or gone
                 continue
-            lag = max(0, high - max(offset, low))
-            rows.append(
-                {
-                    "topic": topic,
-                    "partition": partition,
-                    "committed": offset,
-                    "low": low,
-                    "high": high,
-                    "lag": lag,
-                }
-            )
+            rows.append(lag_row(topic, partition, offset, low, high))
         if rows:
             out.append(WriterLag(f"destination {dest.id}", sum(r["lag"] for r in rows), rows))
     for group in bus.groups():

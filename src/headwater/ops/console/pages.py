@@ -16,6 +16,7 @@ from headwater.ops.console import data
 from headwater.ops.console.app import CONSOLE_KEY, Console
 from headwater.ops.console.charts import line_chart
 from headwater.ops.console.masking import masked
+from headwater.pipeline.failed import iso_at
 
 HOUR_S = 3600.0
 
@@ -43,13 +44,7 @@ def when(seconds: float | None) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _iso(seconds: float) -> str:
-    """A time as the failed store writes them (UTC, milliseconds, Z)."""
-    moment = dt.datetime.fromtimestamp(seconds, dt.UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _since(value: str) -> str | None:
+def parse_since(value: str) -> str | None:
     """An ISO 8601 time from a form, as the failed store compares it (UTC, Z); raises 400."""
     if not value:
         return None
@@ -59,7 +54,7 @@ def _since(value: str) -> str | None:
         raise web.HTTPBadRequest(text=f"since: {value!r} is not an ISO 8601 time") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
-    return _iso(moment.timestamp())
+    return iso_at(moment.timestamp())
 
 
 async def overview(request: web.Request) -> web.Response:
@@ -67,7 +62,7 @@ async def overview(request: web.Request) -> web.Response:
 
     def read() -> dict[str, Any]:
         return {
-            "failed_last_hour": console.failed.count(_iso(time.time() - HOUR_S)),
+            "failed_last_hour": console.failed.count(iso_at(time.time() - HOUR_S)),
             "topics": data.log_topics(console.config, console.bus),
             "lags": data.writer_lags(console.config, console.bus),
             "readers": data.transport_statuses(console.config),
@@ -179,7 +174,7 @@ def _filters(request: web.Request, names: tuple[str, ...]) -> dict[str, str]:
 async def failed(request: web.Request) -> web.Response:
     console = _console(request)
     chosen = _filters(request, ("destination", "step", "code", "since"))
-    since = _since(chosen["since"])
+    since = parse_since(chosen["since"])
     before = request.query.get("before") or None
 
     def read() -> tuple[Any, int]:
