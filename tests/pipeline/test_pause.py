@@ -42,6 +42,7 @@ from headwater.pipeline.status import (
     resume,
     unhealthy,
 )
+from headwater.testing.webhooks import wait_until
 
 TIMEOUT_S = 60.0
 FAST = Backoff(initial_s=0.5, max_s=3.0)
@@ -83,11 +84,7 @@ def append(bus: Bus, start: int, count: int) -> None:
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    wait_until(condition, what, timeout)
 
 
 def written(pipeline: Pipeline, dest: str) -> int:
