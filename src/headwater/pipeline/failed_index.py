@@ -61,7 +61,11 @@ class FailedIndex:
 
     def refresh(self) -> None:
         """Index what the store gained since the last look."""
-        with self._lock, self.store.open(read_only=True) as bus:
+        with self.store.open(read_only=True) as bus:
+            self._catch_up(bus)
+
+    def _catch_up(self, bus: Bus) -> None:
+        with self._lock:
             if self.store.topic not in {t.name for t in bus.topics()}:
                 return
             for p in range(bus.topic(self.store.topic).partitions):
@@ -137,7 +141,20 @@ class FailedIndex:
     ) -> IndexPage:
         """Up to ``limit`` failed events that match, newest first (by failed time, then place
         on the store), after the cursor ``before`` (a page's ``next``), and how many match."""
-        self.refresh()
+        with self.store.open(read_only=True) as bus:
+            return self._page(bus, destination, step, code, since, before, limit)
+
+    def _page(
+        self,
+        bus: Bus,
+        destination: str | None,
+        step: str | None,
+        code: str | None,
+        since: str | None,
+        before: str | None,
+        limit: int,
+    ) -> IndexPage:
+        self._catch_up(bus)
         c = self._columns
         mask = c["current"].copy()
         for name, value in ((DESTINATION, destination), (STEP, step), (CODE, code)):
@@ -157,7 +174,7 @@ class FailedIndex:
         order = np.lexsort((c["offset"][rows], c["partition"][rows], c["at"][rows]))
         chosen = rows[order[::-1][: limit + 1]]
         shown = chosen[:limit]
-        events = self._events(shown)
+        events = self._events(bus, shown)
         following = None
         if len(chosen) > limit:
             last = shown[-1]
@@ -166,9 +183,10 @@ class FailedIndex:
 
     def get(self, event_id: str) -> FailedEvent | None:
         """The latest record of ``event_id`` (None: no such failed event)."""
-        self.refresh()
-        row = self._latest.get(event_id.encode())
-        return None if row is None else next(iter(self._events(np.array([row]))), None)
+        with self.store.open(read_only=True) as bus:
+            self._catch_up(bus)
+            row = self._latest.get(event_id.encode())
+            return None if row is None else next(iter(self._events(bus, np.array([row]))), None)
 
     def count(self, since: str | None = None) -> int:
         """Failed events (each id once), failed at or after ``since`` when given."""
@@ -178,25 +196,21 @@ class FailedIndex:
             mask = mask & (self._columns["at"] >= time_key(since))
         return int(mask.sum())
 
-    def _events(self, rows: np.ndarray) -> list[FailedEvent]:
+    def _events(self, bus: Bus, rows: np.ndarray) -> list[FailedEvent]:
         """The events at ``rows``, in that order: one read per partition when they are close
         together (a page usually is), else one per event."""
         c = self._columns
         wanted = [(int(c["partition"][r]), int(c["offset"][r])) for r in rows]
         found: dict[tuple[int, int], FailedEvent] = {}
-        with self.store.open(read_only=True) as bus:
-            by_partition: dict[int, list[int]] = {}
-            for p, offset in wanted:
-                by_partition.setdefault(p, []).append(offset)
-            for p, offsets in by_partition.items():
-                span = max(offsets) - min(offsets) + 1
-                ranges = (
-                    [(min(offsets), max(offsets) + 1)]
-                    if span <= 20 * len(offsets)
-                    else [(o, o + 1) for o in offsets]
-                )
-                for start, end in ranges:
-                    _collect(bus, self.store.topic, p, start, end, set(offsets), found)
+        by_partition: dict[int, list[int]] = {}
+        for p, offset in wanted:
+            by_partition.setdefault(p, []).append(offset)
+        for p, offsets in by_partition.items():
+            span = max(offsets) - min(offsets) + 1
+            close = span <= 20 * len(offsets)
+            ranges = [(min(offsets), max(offsets) + 1)] if close else [(o, o + 1) for o in offsets]
+            for start, end in ranges:
+                _collect(bus, self.store.topic, p, start, end, set(offsets), found)
         return [found[w] for w in wanted if w in found]
 
 

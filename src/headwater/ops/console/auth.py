@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 COOKIE = "hw_console"
-OPEN_PATHS = ("/login", "/healthz", "/static/")
+OPEN_PATHS = ("/login", "/healthz")  # and the static files
+STATIC = "/static/"
 LOGIN_FAILURES_PER_MINUTE = 10
 
 
@@ -110,4 +111,4 @@ def same_origin(request: web.Request) -> bool:
 
 
 def is_open(path: str) -> bool:
-    return path in OPEN_PATHS[:2] or path.startswith(OPEN_PATHS[2])
+    return path in OPEN_PATHS or path.startswith(STATIC)

@@ -7,8 +7,7 @@ from html import escape
 
 from markupsafe import Markup
 
-COLORS = ("#2b6cb0", "#c05621", "#2f855a", "#6b46c1", "#b83280", "#718096", "#d69e2e")
-# console.css gives the legend's keys .c0 ... .c6 the same colours
+COLORS = 7  # console.css colours lines and legend keys .c0 ... .c6
 WIDTH, HEIGHT, PAD = 360, 90, 4
 
 
@@ -25,20 +24,17 @@ def line_chart(
         t1 = max(max(t for t, _ in points), t0 + 1)
         top = max(max(v for _, v in points), 1e-9)
         for i, (name, pts) in enumerate(sorted(lines.items())):
-            color = COLORS[i % len(COLORS)]
+            color = f"c{i % COLORS}"
             xy = " ".join(
                 f"{PAD + (t - t0) / (t1 - t0) * (WIDTH - 2 * PAD):.1f},"
                 f"{HEIGHT - PAD - v / top * (HEIGHT - 2 * PAD):.1f}"
                 for t, v in pts
             )
             if xy:
-                paths.append(
-                    f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{xy}"/>'
-                )
+                paths.append(f'<polyline class="{color}" points="{xy}"/>')
             last = pts[-1][1] if pts else 0.0
             legend.append(  # a class, not a style attribute: the CSP refuses inline styles
-                f'<span class="key c{i % len(COLORS)}">{escape(name)}: '
-                f"{_number(last)}{escape(unit)}</span>"
+                f'<span class="key {color}">{escape(name)}: {_number(last)}{escape(unit)}</span>'
             )
         scale = f"max {_number(top)}{escape(unit)}"
     else:
