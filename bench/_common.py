@@ -405,6 +405,8 @@ class ProcessSample:
     threads: dict[int, tuple[str, float]]  # tid -> (name, CPU seconds so far)
     machine: tuple[int, int]  # (busy, total) jiffies of the whole machine
     at: float  # time.perf_counter() when taken
+    pss_mb: float = float("nan")  # proportional set size (shared pages split between sharers)
+    pids: tuple[int, ...] = ()  # the processes summed (``sample_tree``)
 
 
 def sample_process(pid: int) -> ProcessSample:
@@ -429,6 +431,50 @@ def sample_process(pid: int) -> ProcessSample:
                 tf = text.rsplit(")", 1)[1].split()
                 threads[int(task)] = (name, (int(tf[11]) + int(tf[12])) / CLOCK_TICKS)
     return ProcessSample(cpu, rss_kb * 1024 / MB, threads, _machine_jiffies(), time.perf_counter())
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process under ``pid`` (children, their children, ...)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        kids: list[int] = []
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError), open(f"/proc/{p}/task/{task}/children") as f:
+                    kids += [int(k) for k in f.read().split()]
+        out += kids
+        todo += kids
+    return out
+
+
+def _pss_mb(pid: int) -> float:
+    with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024 / MB
+    return 0.0
+
+
+def sample_tree(pid: int) -> ProcessSample:
+    """``sample_process`` summed over ``pid`` and its descendants (a server that forks
+    workers): CPU, RSS (shared pages counted in each process) and PSS (counted once), and
+    every thread of them all."""
+    pids = (pid, *descendants(pid))
+    samples = [sample_process(p) for p in pids]
+    threads: dict[int, tuple[str, float]] = {}
+    for s in samples:
+        threads.update(s.threads)
+    return ProcessSample(
+        sum(s.cpu_s for s in samples),
+        sum(s.rss_mb for s in samples),
+        threads,
+        samples[0].machine,
+        samples[0].at,
+        sum(_pss_mb(p) for p in pids),
+        pids,
+    )
 
 
 def cores_between(a: ProcessSample, b: ProcessSample) -> float:

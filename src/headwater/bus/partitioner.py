@@ -24,11 +24,15 @@ class Partitioner:
     def __init__(self) -> None:
         self._round_robin = itertools.count()
 
+    def next_unkeyed(self, partitions: int) -> int:
+        """The partition for the next run of records without a key."""
+        return next(self._round_robin) % partitions
+
     def split(
         self, topic: str, partitions: int, messages: Sequence[Message]
     ) -> dict[int, list[int]]:
         """Group message indexes by partition, preserving the order within each partition."""
-        unkeyed = next(self._round_robin) % partitions
+        unkeyed = self.next_unkeyed(partitions)
         n = len(messages)
         if partitions == 1 or all(m[1] is None and m[4] is None for m in messages):
             return {0 if partitions == 1 else unkeyed: list(range(n))} if n else {}

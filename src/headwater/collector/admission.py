@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from headwater.bus.base import Bus
 from headwater.collector.config import AdmissionConfig
@@ -20,11 +22,18 @@ log = logging.getLogger(__name__)
 
 
 class Admission:
-    def __init__(self, bus: Bus, config: AdmissionConfig, log_dir: Path | None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        config: AdmissionConfig,
+        log_dir: Path | None,
+        on_change: Callable[[str | None], None] | None = None,
+    ) -> None:
         self.bus = bus
         self.config = config
         self.log_dir = log_dir
         self.refusal: str | None = None
+        self._on_change = on_change
 
     def check(self) -> None:
         """Raise ``Rejected`` (503 + Retry-After) while a budget is exceeded."""
@@ -67,9 +76,31 @@ class Admission:
             return
         if refusal != self.refusal:
             log.warning("admission: %s", refusal or "events accepted again")
+            if self._on_change is not None:
+                self._on_change(refusal)
         self.refusal = refusal
 
     async def run(self) -> None:
         while True:
             await asyncio.to_thread(self.update)
             await asyncio.sleep(self.config.check_interval_s)
+
+
+class NoticedAdmission(Admission):
+    """An intake worker's admission: the process that holds the log evaluates the budgets and
+    tells every worker its refusal (``notice``)."""
+
+    def __init__(self, config: AdmissionConfig, notice: dict[str, Any]) -> None:
+        super().__init__(None, config, None)  # type: ignore[arg-type]
+        self._notice = notice
+
+    @property  # type: ignore[override]
+    def refusal(self) -> str | None:
+        return self._notice.get("refusal")
+
+    @refusal.setter
+    def refusal(self, value: str | None) -> None:
+        pass  # set by the notice only
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()

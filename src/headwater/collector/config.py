@@ -159,6 +159,19 @@ class CollectorConfig(Section):
     shutdown_grace_s: float = Field(
         30.0, gt=0, description="How long in-flight requests may take to finish on shutdown."
     )
+    workers: int | Literal["auto"] = Field(
+        "auto",
+        description="Intake processes serving the ports together (SO_REUSEPORT), appending "
+        "through the process that holds the log; auto: one per core, at most 4; 1: the intake "
+        "runs in the main process.",
+    )
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 64:
+            raise ValueError("must be between 1 and 64, or auto")
+        return v
 
     @field_validator("trusted_proxies")
     @classmethod

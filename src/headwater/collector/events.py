@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import repeat
 from typing import NamedTuple
 
 from headwater.bus import context
@@ -65,13 +67,18 @@ class Intake:
     meta: dict[str, str] = field(default_factory=dict)
 
 
-def to_messages(events: list[EventIn], ctx: RequestContext) -> list[Message]:
-    """Bus messages for ``events``: values untouched, context in headers, one UUIDv7 each.
+def to_messages(
+    events: Sequence[EventIn], ctx: RequestContext, *, ids: Sequence[bytes] | None = None
+) -> list[Message]:
+    """Bus messages for ``events``: values untouched, context in headers, one UUIDv7 each
+    (``ids``, when given, are the event ids to use instead: tests, and errors found by
+    ``headwater.collector.batch``).
 
     The headers every event shares are packed once for the request (``PackedHeaders``)."""
     shared = ctx.shared_headers()
     shared_packed = pack_headers(shared)
-    ids = uuid7_batch(len(events), ctx.received_ms)
+    if ids is None:
+        ids = uuid7_batch(len(events), ctx.received_ms)
     ts = ctx.received_ms
     id_name, id_prefix = context.EVENT_ID, _ID_PREFIX
     join = PackedHeaders.join
@@ -101,7 +108,12 @@ _ID_PREFIX = pack_header(context.EVENT_ID, bytes(36))[:-36]  # every UUID is 36 
 
 class Uuid7:
     """UUIDv7 (RFC 9562): 48-bit Unix ms, a 12-bit counter (monotonic within a millisecond),
-    62 random bits. Ids from one process sort by creation."""
+    62 random bits. Ids from one process sort by creation.
+
+    A batch draws its 62 random bits once and counts in the low 12 of them (one id to the
+    next), so that an id is a join of five ready pieces: the millisecond's hex, the counter's
+    and the low random bits' (from a table of the 4096 three-digit hex strings), and the fixed
+    random hex between them. A counter that passes 4095 carries into the millisecond."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -112,25 +124,34 @@ class Uuid7:
         with self._lock:
             if now_ms > self._ms:
                 self._ms, self._counter = now_ms, int.from_bytes(os.urandom(1))
-            start_ms, start = self._ms, self._counter
-            total = start + n
+            ms, counter = self._ms, self._counter
+            total = counter + n
             self._ms += total >> 12
             self._counter = total & 0xFFF
         rand = int.from_bytes(os.urandom(8)) & ((1 << 62) - 1)
-        out = []
-        for i in range(n):
-            c = start + i
-            ms = start_ms + (c >> 12)
-            value = (
-                (ms << 80)
-                | (0x7 << 76)
-                | ((c & 0xFFF) << 64)
-                | (0b10 << 62)
-                | ((rand + i) & ((1 << 62) - 1))
+        # variant 0b10 and the high 14 random bits, then the next 36; the low 12 count
+        middle = b"-%04x-%09x" % (0x8000 | (rand >> 48), (rand >> 12) & ((1 << 36) - 1))
+        low = rand & 0xFFF
+        out: list[bytes] = []
+        while n > 0:  # one run per millisecond the counter reaches
+            k = min(n, 4096 - counter)
+            head = b"%08x-%04x-7" % ((ms >> 16) & 0xFFFFFFFF, ms & 0xFFFF)
+            out += map(
+                b"".join,
+                zip(
+                    repeat(head, k),
+                    _HEX3[counter : counter + k],
+                    repeat(middle, k),
+                    _HEX3[low : low + k],
+                    strict=True,
+                ),
             )
-            h = f"{value:032x}"
-            out.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}".encode())
+            n -= k
+            ms, counter, low = ms + 1, 0, (low + k) & 0xFFF
         return out
+
+
+_HEX3 = [b"%03x" % i for i in range(4096)] * 2  # twice, so that a run of 4096 from any start fits
 
 
 _UUID7 = Uuid7()

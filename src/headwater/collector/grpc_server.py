@@ -68,8 +68,17 @@ def _metadata(context: aio.ServicerContext) -> dict[str, str]:
 class GrpcServer:
     """Serves ``EventService/SendEvent`` with ``handle``; ``start`` binds, ``stop`` drains."""
 
-    def __init__(self, handle: Handle, host: str, port: int, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        handle: Handle,
+        host: str,
+        port: int,
+        max_message_bytes: int,
+        *,
+        share_port: bool = False,
+    ) -> None:
         self.handle = handle
+        self.share_port = share_port  # intake workers share one port (SO_REUSEPORT)
         self.host = host
         self.port = port
         self.max_message_bytes = max_message_bytes
@@ -92,8 +101,9 @@ class GrpcServer:
         server = aio.server(
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),
-                # a port another process holds is an error, not a silent share
-                ("grpc.so_reuseport", 0),
+                # a port another process holds is an error, not a silent share (intake
+                # workers share the port their parent reserved)
+                ("grpc.so_reuseport", 1 if self.share_port else 0),
             ]
         )
         method = grpc.unary_unary_rpc_method_handler(self._send_event)

@@ -12,6 +12,7 @@ import logging
 import socket
 from collections import Counter as Tally
 from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -103,6 +104,14 @@ class Metrics:
 
     def render(self) -> bytes:
         return b"".join(generate_latest(r) for r in (self.registry, *self.also))
+
+    def snapshot(self) -> list[Any]:
+        """The samples as JSON-able lists (what an intake worker sends the process that
+        holds the log, which sums every worker's)."""
+        return [
+            [f.name, f.type, f.documentation, [[s.name, s.labels, s.value] for s in f.samples]]
+            for f in self.registry.collect()
+        ]
 
 
 class StatsdExporter:

@@ -1,26 +1,36 @@
 """Publishing a request's events to the log, and the two ack modes.
 
 ``publish`` validates the whole request first (types route to valid topics, every record fits),
-so bad input publishes nothing. Then it appends one batch per topic. With ``ack: durable`` it
-returns once every batch is durable; with ``ack: received`` it returns at once and counts any
-later failure. When the log cannot take the events (its write queue is full, it failed, or an
-admission budget is exceeded) the request is refused with a retry-after; nothing is acked that
-was not stored.
+so bad input publishes nothing. Then it appends one batch per topic (and partition). With
+``ack: durable`` it returns once every batch is durable; with ``ack: received`` it returns at
+once and counts any later failure. When the log cannot take the events (its write queue is full,
+it failed, or an admission budget is exceeded) the request is refused with a retry-after;
+nothing is acked that was not stored.
+
+On the embedded log a request's events go straight into the log's columnar batch
+(``collector.batch``: no bus ``Message`` per event), appended by a ``LogSink``: the log in this
+process, or, in an intake worker, the link to the process that holds it. On Kafka each event is
+a message for the producer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Sequence
 from concurrent.futures import Future
+from typing import Protocol
 
 from headwater.bus.base import Bus
+from headwater.bus.embedded import format as fmt
 from headwater.bus.errors import BusError, BusUnavailable, InvalidArgument, RecordTooLarge
+from headwater.bus.partitioner import Partitioner
 from headwater.bus.records import Message, Position
 from headwater.bus.validation import validate_batch
 from headwater.collector.admission import Admission
-from headwater.collector.errors import bad_request, too_large, unavailable
+from headwater.collector.batch import encode_events
+from headwater.collector.errors import Rejected, bad_request, too_large, unavailable
 from headwater.collector.events import EventIn, RequestContext, to_messages
 from headwater.collector.metrics import Metrics
 from headwater.collector.routing import Router
@@ -28,16 +38,31 @@ from headwater.collector.routing import Router
 log = logging.getLogger(__name__)
 
 
+Encoded = list[tuple[str, int | None, fmt.EncodedBatch]]
+
+
+class LogSink(Protocol):
+    """Where encoded batches go: ``(topic, partition or None for the next in turn, batch)``."""
+
+    def append(self, batches: Encoded) -> Awaitable[list[int]]:
+        """Queue all or none now (or raise ``BusUnavailable``); the base offsets once
+        durable."""
+        ...
+
+    async def partitions(self, topic: str) -> int: ...
+
+
 class Publisher:
     def __init__(
         self,
-        bus: Bus,
+        bus: Bus | None,
         *,
         durable: bool,
         max_record_bytes: int,
         admission: Admission,
         metrics: Metrics,
         retry_after_s: int,
+        sink: LogSink | None = None,
     ) -> None:
         self.bus = bus
         self.durable = durable
@@ -45,6 +70,13 @@ class Publisher:
         self.admission = admission
         self.metrics = metrics
         self.retry_after_s = retry_after_s
+        if sink is None and bus is not None and hasattr(bus, "append_encoded"):
+            from headwater.collector.local import LocalSink
+
+            sink = LocalSink(bus)  # type: ignore[arg-type]
+        self.sink = sink
+        self._partitioner = Partitioner()
+        self._pending: set[asyncio.Task[None]] = set()  # received-mode appends
 
     async def publish(self, events: Sequence[EventIn], ctx: RequestContext, router: Router) -> None:
         """Store ``events`` (all of them, or none on bad input) and wait as the ack mode says."""
@@ -53,48 +85,141 @@ class Publisher:
         by_topic: dict[str, list[EventIn]] = {}
         for e in events:
             by_topic.setdefault(router.topic(e.type), []).append(e)
+        if self.sink is not None:
+            await self._publish_encoded(self.sink, events, by_topic, ctx)
+            return
         batches = {topic: to_messages(evs, ctx) for topic, evs in by_topic.items()}
         for topic, messages in batches.items():
             try:
                 validate_batch(topic, messages, self.max_record_bytes)
-            except RecordTooLarge as e:
-                event = events.index(by_topic[topic][e.index])
-                raise too_large(
-                    f"event {event} (type {by_topic[topic][e.index].type!r}) is {e.size} bytes "
-                    f"with its context headers; the limit is {self.max_record_bytes} "
-                    "(the bus's max_record_bytes)"
-                ) from None
-            except InvalidArgument as e:
-                raise bad_request(e.message) from None
+            except (RecordTooLarge, InvalidArgument) as e:
+                raise self._bad(e, events, by_topic[topic]) from None
         futures = self._append(batches)
-        for topic, evs in by_topic.items():
-            self.metrics.received(topic, evs, ctx.protocol)
-        self.metrics.from_source(ctx.source, ctx.protocol, len(events))
+        self._count_received(events, by_topic, ctx)
         if not self.durable:
             for f in futures:
                 f.add_done_callback(self._after_received_ack)
             return
         await self._durable(futures)
+        self._count_published(by_topic)
+
+    async def _publish_encoded(
+        self,
+        sink: LogSink,
+        events: Sequence[EventIn],
+        by_topic: dict[str, list[EventIn]],
+        ctx: RequestContext,
+    ) -> None:
+        batches: Encoded = []
+        for topic, evs in by_topic.items():
+            try:
+                if all(e.key is None for e in evs):
+                    batches.append(
+                        (topic, None, encode_events(evs, ctx, self.max_record_bytes, topic))
+                    )
+                else:
+                    batches += await self._keyed(sink, topic, evs, ctx)
+            except (RecordTooLarge, InvalidArgument) as e:
+                raise self._bad(e, events, evs) from None
+            except BusUnavailable as e:
+                raise unavailable(
+                    f"the log cannot take events now: {e.message}", self.retry_after_s
+                ) from None
+        appended = self._append_encoded(sink, batches)
+        self._count_received(events, by_topic, ctx)
+        if not self.durable:
+            task = asyncio.ensure_future(self._received(appended))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+            return
+        try:
+            await appended
+        except (BusUnavailable, BusError) as e:
+            raise self._unavailable(e) from None
+        self._count_published(by_topic)
+
+    async def _keyed(
+        self, sink: LogSink, topic: str, evs: list[EventIn], ctx: RequestContext
+    ) -> Encoded:
+        """Keyed events: one batch per partition, by the key's hash (as the bus would)."""
+        return await self._split(sink, topic, to_messages(evs, ctx), ctx.received_ms)
+
+    async def _split(
+        self, sink: LogSink, topic: str, messages: list[Message], now_ms: int
+    ) -> Encoded:
+        validate_batch(topic, messages, self.max_record_bytes)
+        groups = self._partitioner.split(topic, await sink.partitions(topic), messages)
+        return [
+            (topic, p, fmt.encode([messages[i] for i in idx], now_ms)) for p, idx in groups.items()
+        ]
+
+    def _append_encoded(self, sink: LogSink, batches: Encoded) -> Awaitable[list[int]]:
+        self.admission.check()
+        try:
+            return sink.append(batches)
+        except BusUnavailable as e:
+            raise unavailable(
+                f"the log cannot take events now: {e.message}", self.retry_after_s
+            ) from None
+
+    def _bad(
+        self, e: RecordTooLarge | InvalidArgument, events: Sequence[EventIn], evs: list[EventIn]
+    ) -> Rejected:
+        if not isinstance(e, RecordTooLarge):
+            return bad_request(e.message)
+        event = events.index(evs[e.index])
+        return too_large(
+            f"event {event} (type {evs[e.index].type!r}) is {e.size} bytes "
+            f"with its context headers; the limit is {self.max_record_bytes} "
+            "(the bus's max_record_bytes)"
+        )
+
+    def _count_received(
+        self, events: Sequence[EventIn], by_topic: dict[str, list[EventIn]], ctx: RequestContext
+    ) -> None:
+        for topic, evs in by_topic.items():
+            self.metrics.received(topic, evs, ctx.protocol)
+        self.metrics.from_source(ctx.source, ctx.protocol, len(events))
+
+    def _count_published(self, by_topic: dict[str, list[EventIn]]) -> None:
         for topic, evs in by_topic.items():
             self.metrics.published(topic, evs)
+
+    async def _received(self, appended: Awaitable[list[int]]) -> None:
+        try:
+            await appended
+        except (BusUnavailable, BusError) as e:
+            self.metrics.lost_after_ack()
+            log.error("events acked on receipt were not stored: %s", e)
+
+    def _unavailable(self, e: BusUnavailable | BusError) -> Rejected:
+        if isinstance(e, BusUnavailable):
+            return unavailable(
+                f"the log could not store the events: {e.message}", self.retry_after_s
+            )
+        log.error("publish failed: %s", e)
+        return unavailable(f"the log refused the events: {e.message}", self.retry_after_s)
 
     async def store(self, batches: dict[str, list[Message]]) -> None:
         """Append validated ``batches`` and return once they are durable, whatever the ack
         mode (the webhook intake's 202 means the message is on the log)."""
-        await self._durable(self._append(batches))
+        if self.sink is None:
+            await self._durable(self._append(batches))
+            return
+        now = time.time_ns() // 1_000_000
+        encoded: Encoded = []
+        for topic, messages in batches.items():
+            encoded += await self._split(self.sink, topic, list(messages), now)
+        try:
+            await self._append_encoded(self.sink, encoded)
+        except (BusUnavailable, BusError) as e:
+            raise self._unavailable(e) from None
 
     async def _durable(self, futures: list[Future[Sequence[Position]]]) -> None:
         try:
             await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
-        except BusUnavailable as e:
-            raise unavailable(
-                f"the log could not store the events: {e.message}", self.retry_after_s
-            ) from None
-        except BusError as e:
-            log.error("publish failed: %s", e)
-            raise unavailable(
-                f"the log refused the events: {e.message}", self.retry_after_s
-            ) from None
+        except (BusUnavailable, BusError) as e:
+            raise self._unavailable(e) from None
 
     def _append(self, batches: dict[str, list[Message]]) -> list[Future[Sequence[Position]]]:
         self.admission.check()
@@ -110,6 +235,3 @@ class Publisher:
         if error is not None:
             self.metrics.lost_after_ack()
             log.error("events acked on receipt were not stored: %s", error)
-
-
-OnDone = Callable[[BaseException | None], None]

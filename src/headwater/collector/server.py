@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Callable
 
@@ -56,8 +57,10 @@ class CollectorServer:
         port: int,
         grpc_port: int | None,
         echo: Callable[[str], None] = lambda _: None,
+        sock: socket.socket | None = None,
     ) -> None:
         self.collector = collector
+        self.sock = sock  # a listening socket made for this server (an intake worker's)
         self.host = host
         self.port = port
         self.grpc_port = grpc_port
@@ -95,14 +98,24 @@ class CollectorServer:
         server = self._runner.server
         assert server is not None
         # Our own listener (not a TCPSite) so that every connection's request head is timed.
-        self._listener = await asyncio.get_running_loop().create_server(
-            self._deadline.factory(server), self.host, self.port, reuse_address=True
-        )
+        loop = asyncio.get_running_loop()
+        if self.sock is not None:
+            self._listener = await loop.create_server(
+                self._deadline.factory(server), sock=self.sock
+            )
+        else:
+            self._listener = await loop.create_server(
+                self._deadline.factory(server), self.host, self.port, reuse_address=True
+            )
         if self._listener.sockets:
             self.port = self._listener.sockets[0].getsockname()[1]
         if self.grpc_port is not None:
             self._grpc = GrpcServer(
-                self.collector.raccoon_grpc, self.host, self.grpc_port, limits.max_body_bytes
+                self.collector.raccoon_grpc,
+                self.host,
+                self.grpc_port,
+                limits.max_body_bytes,
+                share_port=self.sock is not None,
             )
             self.grpc_port = await self._grpc.start()
         self._tasks = [
@@ -201,7 +214,7 @@ class CollectorServer:
     async def _websocket(self, request: web.Request) -> web.StreamResponse:
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
-            conn = self.collector.open_connection(headers, request.remote or "")
+            conn = await self.collector.open_connection(headers, request.remote or "")
         except Rejected as e:
             return await self._refuse_socket(request, e)
         del headers  # not kept for the connection's life

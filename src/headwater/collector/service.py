@@ -16,12 +16,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from headwater.bus.base import Bus
-from headwater.collector.admission import Admission
+from headwater.collector.admission import Admission, NoticedAdmission
 from headwater.collector.auth import WriteKeys, key_from_headers
 from headwater.collector.config import CollectorConfig, LimitsConfig
 from headwater.collector.errors import Rejected, bad_request, unauthorized
 from headwater.collector.events import Intake, RequestContext
 from headwater.collector.limits import Connections
+from headwater.collector.link import Link
 from headwater.collector.metrics import Metrics
 from headwater.collector.protocols import jitsu, otlp, raccoon, segment
 from headwater.collector.protocols.body import decode_body
@@ -70,17 +71,34 @@ class Connection:
 
 
 class Collector:
+    """Every intake's request handling, on a bus open in this process, or, in an intake worker,
+    through its ``link`` to the process that holds the log (``bus`` None: the embedded log
+    there; a Kafka bus: this worker's own producer). With a link, connection limits, admission
+    and readiness are the holding process's, and ``/metrics`` sums every worker's."""
+
     def __init__(
-        self, config: CollectorConfig, bus: Bus, *, max_record_bytes: int, log_dir: object = None
+        self,
+        config: CollectorConfig,
+        bus: Bus | None,
+        *,
+        max_record_bytes: int,
+        log_dir: object = None,
+        link: Link | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.config = config
         self.bus = bus
-        self.metrics = Metrics()
+        self.link = link
+        self.metrics = metrics or Metrics()
         self.keys = WriteKeys(config.sources)
         self.connections = Connections(
             config.raccoon.max_connections, config.raccoon.max_connections_per_identity
         )
-        self.admission = Admission(bus, config.admission, log_dir)  # type: ignore[arg-type]
+        self.admission = (
+            NoticedAdmission(config.admission, link.notice)
+            if link is not None
+            else Admission(bus, config.admission, log_dir)  # type: ignore[arg-type]
+        )
         self.publisher = Publisher(
             bus,
             durable=config.ack == "durable",
@@ -88,6 +106,7 @@ class Collector:
             admission=self.admission,
             metrics=self.metrics,
             retry_after_s=config.admission.retry_after_s,
+            sink=link if link is not None and bus is None else None,
         )
         self.raccoon_router = Router(config.raccoon.topic_pattern)
         self.json_router = Router(config.topic_pattern)
@@ -101,7 +120,9 @@ class Collector:
         self.webhooks: WebhookIntake | None = None
         # What else must be healthy for /readyz (``headwater up``: the pipeline's destinations):
         # returns the failing parts and why, empty when all is well.
-        self.readiness: Callable[[], dict[str, str]] | None = None
+        self.readiness: Callable[[], dict[str, str] | Awaitable[dict[str, str]]] | None = None
+        if link is not None:
+            self.readiness = lambda: link.call("ready")
 
     # -- context ----------------------------------------------------------------------------
     def client_ip(self, peer: str, headers: Mapping[str, str]) -> str:
@@ -166,7 +187,7 @@ class Collector:
         self.metrics.ack_latency.labels(ctx.protocol).observe(time.perf_counter() - started)
 
     # -- Raccoon over WebSocket -------------------------------------------------------------
-    def open_connection(self, headers: Mapping[str, str], peer: str) -> Connection:
+    async def open_connection(self, headers: Mapping[str, str], peer: str) -> Connection:
         """Admit a WebSocket connection, or raise ``Rejected`` (limits, auth, draining)."""
         if self.draining:
             raise Rejected(
@@ -179,14 +200,20 @@ class Collector:
         if cfg.group_header:
             identity = f"{identity}\x00{headers.get(cfg.group_header.lower(), '')}"
         source = self.raccoon_source(headers)
-        self.connections.open(identity)
+        if self.link is not None:
+            await self.link.open_connection(identity)
+        else:
+            self.connections.open(identity)
         self.metrics.connections.inc()
         return Connection(
             identity, source, self.client_ip(peer, headers), headers.get("user-agent", "")
         )
 
     def close_connection(self, conn: Connection) -> None:
-        self.connections.close(conn.identity)
+        if self.link is not None:
+            self.link.close_connection(conn.identity)
+        else:
+            self.connections.close(conn.identity)
         self.metrics.connections.dec()
 
     async def raccoon_message(self, conn: Connection, data: bytes | str) -> bytes | str:
@@ -276,7 +303,7 @@ class Collector:
             if route is not None:
                 return await self._webhook(req, *route)
         if req.method == "GET":
-            return self._get(req.path)
+            return await self._get(req.path)
         if req.method == "OPTIONS":  # a browser SDK's preflight
             return HttpResponse(204, b"", "text/plain", _cors(req, preflight=True))
         if req.method != "POST":
@@ -321,7 +348,7 @@ class Collector:
                 headers.append(("retry-after", str(e.retry_after)))
         return HttpResponse(status, webhook_body(doc), JSON, headers)
 
-    def _get(self, path: str) -> HttpResponse:
+    async def _get(self, path: str) -> HttpResponse:
         if path == "/healthz":
             return _plain(200 if self.ready else 503, "ok" if self.ready else "starting")
         if path == "/readyz":
@@ -330,12 +357,18 @@ class Collector:
             if self.admission.refusal:
                 return _plain(503, self.admission.refusal)
             failing = self.readiness() if self.readiness is not None else {}
+            if not isinstance(failing, dict):
+                failing = await failing
             if failing:
                 body = json.dumps({"ready": False, "failing": failing}).encode() + b"\n"
                 return HttpResponse(503, body, JSON)
             return _plain(200, "ready")
         if path == "/metrics":
-            return HttpResponse(200, self.metrics.render(), "text/plain; version=0.0.4")
+            if self.link is not None:  # every worker's, summed where the log is held
+                text = (await self.link.call("metrics")).encode()
+            else:
+                text = self.metrics.render()
+            return HttpResponse(200, text, "text/plain; version=0.0.4")
         return _plain(404, f"no such endpoint: GET {path}")
 
     async def _raccoon_rest(self, req: HttpRequest) -> HttpResponse:

@@ -208,10 +208,30 @@ class EmbeddedBus(Bus):
         self._writer.submit([item for _, items in prepared for item in items])
         return [future for future, _ in prepared]
 
-    def _prepare(
-        self, topic: str, messages: Sequence[Message]
-    ) -> tuple[Future[Sequence[Position]], list[tuple[Partition, fmt.EncodedBatch, Done]]]:
-        """Validate and encode a batch: its future and what to queue for the writer."""
+    def append_encoded(
+        self, batches: Sequence[tuple[str, int | None, fmt.EncodedBatch, Done]]
+    ) -> None:
+        """Queue batches another process already encoded in the log's format (the collector's
+        intake workers), all or none: ``(topic, partition or None for the next in turn,
+        batch, done)``. Each ``done`` is called once its batch is durable, or failed."""
+        items = []
+        for topic, partition, batch, done in batches:
+            parts = self._writable_partitions(topic)
+            if partition is None:
+                partition = self._partitioner.next_unkeyed(len(parts))
+            elif not 0 <= partition < len(parts):
+                raise UnknownPartition(
+                    f"topic {topic!r} has no partition {partition} (it has {len(parts)})"
+                )
+            items.append((parts[partition], batch, done))
+        self._writer.submit(items)
+
+    def partitions_for_append(self, topic: str) -> int:
+        """How many partitions ``topic`` has, creating it as an append would."""
+        return len(self._writable_partitions(topic))
+
+    def _writable_partitions(self, topic: str) -> list[Partition]:
+        """The partitions of a topic to append to, created first when the config allows."""
         self._check_writable()
         parts = self._topics.get(topic)
         if parts is None:
@@ -221,6 +241,13 @@ class EmbeddedBus(Bus):
                     f"topic {topic!r} does not exist and bus.embedded.auto_create_topics is off"
                 )
             parts = self._partitions(self.create_topic(topic).name)
+        return parts
+
+    def _prepare(
+        self, topic: str, messages: Sequence[Message]
+    ) -> tuple[Future[Sequence[Position]], list[tuple[Partition, fmt.EncodedBatch, Done]]]:
+        """Validate and encode a batch: its future and what to queue for the writer."""
+        parts = self._writable_partitions(topic)
         validate_batch(topic, messages, self.config.max_record_bytes)
         future: Future[Sequence[Position]] = Future()
         if not messages:

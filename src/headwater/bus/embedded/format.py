@@ -24,7 +24,7 @@ import sys
 import zlib
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import cache
 from itertools import accumulate, compress, pairwise, repeat
 from typing import Any, NamedTuple
@@ -95,56 +95,95 @@ def encode(messages: Sequence[Message], now_ms: int) -> EncodedBatch:
     values, keys, headers, timestamps, _ = zip(*messages, strict=True)
     n = len(values)
     if timestamps.count(None) == n:
-        ts_column = array("q", (now_ms,)) * n
+        ts_column = repeat_i64(now_ms, n)
         first = last = now_ms
     else:
         stamps = [now_ms if t is None else t for t in timestamps]
-        ts_column = array("q", stamps)
+        ts_column = _column("q", stamps)
         first, last = min(stamps), max(stamps)
+    header_blobs: Sequence[bytes] = ()
     if headers.count(()) == n:
-        header_lens, header_blob = _zeros(n), b""
+        header_lens = no_headers(n)
     else:
-        blobs = [pack_headers(h) for h in headers]
-        header_lens, header_blob = _column("I", map(len, blobs)), b"".join(blobs)
+        header_blobs = [pack_headers(h) for h in headers]
+        header_lens = lengths(header_blobs)
+    key_blobs: Sequence[bytes] = ()
     if keys.count(None) == n:
-        key_lens, key_blob = _minus_ones(n), b""
+        key_lens = no_keys(n)
     else:
         key_lens = _column("i", [-1 if k is None else len(k) for k in keys])
-        key_blob = b"".join([k for k in keys if k])
-    body = b"".join(
-        (
-            _deltas(n),
-            _le(ts_column),
-            key_lens,
-            _column("I", map(len, values)),
-            header_lens,
-            key_blob,
-            b"".join(values),
-            header_blob,
-        )
+        key_blobs = [k for k in keys if k]
+    body = encode_body(
+        contiguous_deltas(n),
+        ts_column,
+        key_lens,
+        lengths(values),
+        header_lens,
+        key_blobs,
+        values,
+        header_blobs,
     )
     return EncodedBatch(body, zlib.crc32(body), n, n - 1, first, last)
 
 
+def encode_body(
+    offset_deltas: bytes,
+    timestamps: bytes,
+    key_lens: bytes,
+    value_lens: bytes,
+    header_lens: bytes,
+    keys: Sequence[bytes],
+    values: Sequence[bytes],
+    headers: Sequence[bytes],
+) -> bytes:
+    """A batch body from its encoded columns (``offset_delta`` u32, ``timestamp`` i64,
+    ``key_len`` i32, ``value_len`` u32, ``headers_len`` u32, each little-endian bytes) and its
+    three blobs, each given as pieces in record order (one per record, or fewer, larger ones).
+
+    The one writer of the column layout: ``encode``, compaction and the collector's direct
+    path (``headwater.collector.batch``) all go through it. The blobs are joined with the
+    columns in one copy."""
+    return b"".join(
+        [offset_deltas, timestamps, key_lens, value_lens, header_lens, *keys, *values, *headers]
+    )
+
+
 @cache
-def _deltas(n: int) -> bytes:
+def contiguous_deltas(n: int) -> bytes:
+    """The ``offset_delta`` column of ``n`` records appended together: 0 .. n-1."""
     return _column("I", range(n))
 
 
 @cache
-def _zeros(n: int) -> bytes:
+def no_headers(n: int) -> bytes:
+    """The ``headers_len`` column of ``n`` records without headers."""
     return bytes(4 * n)
 
 
 @cache
-def _minus_ones(n: int) -> bytes:
+def no_keys(n: int) -> bytes:
+    """The ``key_len`` column of ``n`` records without keys (-1 each)."""
     return b"\xff" * (4 * n)
 
 
-def _le(a: array[int]) -> bytes:
-    if not _LITTLE:  # pragma: no cover
-        a.byteswap()
-    return a.tobytes()
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+
+
+def lengths(blobs: Iterable[bytes]) -> bytes:
+    """A u32 column of the lengths of ``blobs`` (``value_len``, ``headers_len``)."""
+    return _column("I", map(len, blobs))
+
+
+def repeat_u32(value: int, n: int) -> bytes:
+    """A u32 column of ``n`` times ``value`` (say, the ``headers_len`` of a run of records
+    whose headers have the same size)."""
+    return _U32.pack(value) * n
+
+
+def repeat_i64(value: int, n: int) -> bytes:
+    """An i64 column of ``n`` times ``value`` (the ``timestamp`` of records stamped together)."""
+    return _I64.pack(value) * n
 
 
 def _encode_columns(
@@ -156,25 +195,23 @@ def _encode_columns(
     last_offset_delta: int,
 ) -> EncodedBatch:
     """Encode arbitrary columns (compaction's rewrite of a batch with gaps)."""
-    body = b"".join(
-        (
-            _column("I", offset_deltas),
-            _column("q", timestamps),
-            _column("i", [-1 if k is None else len(k) for k in keys]),
-            _column("I", map(len, values)),
-            _column("I", map(len, header_blobs)),
-            b"".join([k for k in keys if k]),
-            b"".join(values),
-            b"".join(header_blobs),
-        )
+    body = encode_body(
+        _column("I", offset_deltas),
+        _column("q", timestamps),
+        _column("i", [-1 if k is None else len(k) for k in keys]),
+        lengths(values),
+        lengths(header_blobs),
+        [k for k in keys if k],
+        values,
+        header_blobs,
     )
     return EncodedBatch(
         body, zlib.crc32(body), len(values), last_offset_delta, min(timestamps), max(timestamps)
     )
 
 
-def frame(batch: EncodedBatch, base_offset: int) -> bytes:
-    """Prefix a body with its header, now that its base offset is known."""
+def frame_header(batch: EncodedBatch, base_offset: int) -> bytes:
+    """The header that goes before a body, now that its base offset is known."""
     tail = _TAIL.pack(
         base_offset,
         batch.last_offset_delta,
@@ -184,8 +221,13 @@ def frame(batch: EncodedBatch, base_offset: int) -> bytes:
         0,
     )
     crc = zlib.crc32(tail, batch.body_crc)
-    length = struct.pack("<II", HEADER_SIZE + len(batch.body), crc)
-    return b"".join((MAGIC, length, tail, batch.body))
+    return b"".join((MAGIC, struct.pack("<II", HEADER_SIZE + len(batch.body), crc), tail))
+
+
+def frame(batch: EncodedBatch, base_offset: int) -> bytes:
+    """Prefix a body with its header (one buffer; the log's writer writes the two without
+    joining them)."""
+    return frame_header(batch, base_offset) + bytes(batch.body)
 
 
 def parse_header(buf: bytes | memoryview, pos: int, available: int) -> BatchHeader:

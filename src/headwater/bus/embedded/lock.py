@@ -1,13 +1,32 @@
-"""One writing process per log directory: an exclusive ``flock`` on ``<dir>/LOCK``."""
+"""One writing process per log directory: an exclusive ``flock`` on ``<dir>/LOCK``.
+
+A process forked by the holder (the collector's intake workers, forked again after a worker
+died) closes its copy of the descriptor at once: the lock then stays the holder's alone, and
+ends with the holder even while such a child lives on."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
+import weakref
 from pathlib import Path
 
 from headwater.bus.errors import LogLocked
+
+_HELD: weakref.WeakSet[DirectoryLock] = weakref.WeakSet()
+
+
+def _drop_in_child() -> None:
+    for lock in list(_HELD):
+        if lock._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(lock._fd)  # the parent's descriptor keeps the flock
+            lock._fd = -1
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_drop_in_child)
 
 
 class DirectoryLock:
@@ -29,6 +48,7 @@ class DirectoryLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
+        _HELD.add(self)
 
     def release(self) -> None:
         if self._fd >= 0:
@@ -36,3 +56,4 @@ class DirectoryLock:
                 os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing the descriptor releases the flock
             self._fd = -1
+            _HELD.discard(self)

@@ -117,29 +117,29 @@ class Partition:
 
     # -- writing ----------------------------------------------------------------------------
     def write(self, batches: list[fmt.EncodedBatch]) -> list[int]:
-        """Frame and write batches (one ``write`` per segment); return their base offsets."""
+        """Frame and write batches (one ``writev`` per segment, the bodies as they are);
+        return their base offsets."""
         limit = self.config.segment_bytes
         bases: list[int] = []
         with self.lock:
             seg = self.segments[-1]
-            frames: list[bytes] = []
+            parts: list[bytes | memoryview] = []
             entries: list[tuple[int, int, int, int]] = []
             at = 0
             for batch in batches:
                 if seg.size + at >= limit and (seg.size or at):
-                    if frames:
-                        seg.append(b"".join(frames), entries, self.next_offset)
-                        frames, entries, at = [], [], 0
+                    if parts:
+                        seg.append(parts, at, entries, self.next_offset)
+                        parts, entries, at = [], [], 0
                     seg = self._roll()
                 base = self.next_offset
-                data = fmt.frame(batch, base)
-                frames.append(data)
+                parts += (fmt.frame_header(batch, base), batch.body)
                 entries.append((base, at, batch.count, batch.max_timestamp))
-                at += len(data)
+                at += fmt.HEADER_SIZE + len(batch.body)
                 self.next_offset = base + batch.last_offset_delta + 1
                 bases.append(base)
-            if frames:
-                seg.append(b"".join(frames), entries, self.next_offset)
+            if parts:
+                seg.append(parts, at, entries, self.next_offset)
             self._dirty = True
         return bases
 

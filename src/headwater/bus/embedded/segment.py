@@ -13,11 +13,13 @@ import struct
 import threading
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from headwater.bus.embedded import format as fmt
 from headwater.bus.errors import CorruptLog
+
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
 
 INDEX_MAGIC = b"HWI2"
 # magic, next_offset, max_timestamp, records, entries, the segment's size it describes
@@ -142,16 +144,25 @@ class Segment:
 
     # -- writing ----------------------------------------------------------------------------
     def append(
-        self, data: bytes, batches: list[tuple[int, int, int, int]], next_offset: int
+        self,
+        parts: Sequence[bytes | memoryview],
+        size: int,
+        batches: list[tuple[int, int, int, int]],
+        next_offset: int,
     ) -> None:
-        """Write ``data`` holding ``batches`` as (base_offset, position in data, count,
-        max_timestamp)."""
+        """Write ``parts`` (``size`` bytes, one ``writev`` per ``IOV_MAX`` parts) holding
+        ``batches`` as (base_offset, position in the parts, count, max_timestamp)."""
         position = self.size
-        written = os.write(self.fd, data)
-        if written != len(data):  # a short write on a regular file: out of space or similar
-            os.ftruncate(self.fd, position)
-            raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
-        self.size = position + len(data)
+        written = 0
+        for i in range(0, len(parts), _IOV_MAX):
+            chunk = parts[i : i + _IOV_MAX]
+            want = sum(map(len, chunk))
+            done = os.writev(self.fd, chunk)
+            written += done
+            if done != want:  # a short write on a regular file: out of space or similar
+                os.ftruncate(self.fd, position)
+                raise OSError(f"short write to {self.path}: {written} of {size} bytes")
+        self.size = position + size
         self.next_offset = next_offset
         for base_offset, at, count, max_ts in batches:
             self.records += count

@@ -27,7 +27,21 @@ from headwater.bus.errors import BusClosed, BusUnavailable
 log = logging.getLogger(__name__)
 
 #: Called once a batch is durable (or failed): ``(base_offset, None)`` or ``(-1, error)``.
+#: A ``Done`` may also have a ``round_end`` attribute: called once per group commit after every
+#: ``Done`` of the round, so that a caller can tell its waiters once per round, not per batch.
 Done = Callable[[int, BaseException | None], None]
+
+
+def _tell(results: list[tuple[Done, int, BaseException | None]]) -> None:
+    """Call each batch's ``Done``, then each distinct ``round_end`` once."""
+    ends: dict[Callable[[], None], None] = {}  # (bound methods of one object are equal)
+    for done, base, error in results:
+        done(-1 if error is not None else base, error)
+        end = getattr(done, "round_end", None)
+        if end is not None:
+            ends[end] = None
+    for end in ends:
+        end()
 
 
 class LogWriter:
@@ -134,8 +148,8 @@ class LogWriter:
             written += [
                 (done, base, partition) for (_, done), base in zip(items, bases, strict=True)
             ]
-        for done, error in failed:
-            done(-1, error)
+        if failed:
+            _tell([(done, -1, error) for done, error in failed])
         if self.policy == "always":  # the syncer thread makes it durable while we write on
             with self._sync_cond:
                 self._to_sync += written
@@ -148,8 +162,7 @@ class LogWriter:
             self._dirty |= touched
         if written:
             self._on_visible()
-        for done, base, _ in written:
-            done(base, None)
+        _tell([(done, base, None) for done, base, _ in written])
 
     def _fail_everything(
         self, queue: list[tuple[Partition, fmt.EncodedBatch, Done]], error: BaseException
@@ -159,7 +172,7 @@ class LogWriter:
         failure = BusUnavailable(f"the log cannot write: {error}")
         for _, _, done in queue:
             try:
-                done(-1, failure)
+                _tell([(done, -1, failure)])
             except Exception:  # a future already resolved: nothing left to tell
                 log.debug("append already resolved", exc_info=True)
 
@@ -179,8 +192,8 @@ class LogWriter:
                 log.exception("the log syncer failed")
                 with self._cond:
                     self._failure = e
-                for done, _, _ in written:
-                    done(-1, BusUnavailable(f"the log cannot sync: {e}"))
+                error = BusUnavailable(f"the log cannot sync: {e}")
+                _tell([(done, -1, error) for done, _, _ in written])
             finally:
                 with self._sync_cond:
                     self._syncing = False
@@ -193,9 +206,7 @@ class LogWriter:
             if p not in errors:
                 p.mark_durable(p.synced_offset)
         self._on_visible()
-        for done, base, p in written:
-            error = errors.get(p)
-            done(-1, error) if error is not None else done(base, None)
+        _tell([(done, base, errors.get(p)) for done, base, p in written])
 
     def _sync(self, partitions: set[Partition]) -> dict[Partition, BaseException]:
         errors: dict[Partition, BaseException] = {}

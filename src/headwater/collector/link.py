@@ -1,0 +1,196 @@
+"""An intake worker's link to the process that holds the log (``wire`` frames, asyncio side).
+
+Appends are written to the socket as they come and answered once durable; the answers of a
+group commit arrive together, so one read wakes every request they complete. The link also
+counts WebSocket connections against the shared limits, asks for readiness, topic sizes and the
+merged metrics, and answers the host's requests for this worker's metric snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from headwater.bus.embedded import format as fmt
+from headwater.bus.errors import BusError, BusUnavailable, InvalidArgument
+from headwater.collector import wire
+from headwater.collector.ring import Ring
+
+log = logging.getLogger(__name__)
+
+
+DEFAULT_MAX_PENDING = 32 << 20
+
+
+class LinkClosed(BusUnavailable):
+    """The process that holds the log is gone."""
+
+
+class Link(asyncio.Protocol):
+    def __init__(
+        self,
+        snapshot: Callable[[], list[Any]],
+        ring: Ring | None = None,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING,
+    ) -> None:
+        self._snapshot = snapshot
+        self._ring = ring
+        self.max_pending_bytes = max_pending_bytes
+        self.pending_bytes = 0  # appended, not answered yet
+        self._transport: asyncio.Transport | None = None
+        self._frames = wire.Frames()
+        # id -> (the answer's future, how to read the answer: a value, or raise)
+        self._waiting: dict[int, tuple[asyncio.Future[Any], Callable[[memoryview], Any]]] = {}
+        self._next = 0
+        self._topics: dict[str, int] = {}
+        self.notice: dict[str, Any] = {}
+        self.closed = asyncio.Event()
+
+    @classmethod
+    async def connect(
+        cls,
+        sock: socket.socket,
+        snapshot: Callable[[], list[Any]],
+        ring: Ring | None = None,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING,
+    ) -> Link:
+        loop = asyncio.get_running_loop()
+        _, link = await loop.create_unix_connection(
+            lambda: cls(snapshot, ring, max_pending_bytes), sock=sock
+        )
+        return link
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        for kind, ident, payload in self._frames.feed(data):
+            if kind == wire.RESULT:
+                waiting = self._waiting.pop(ident, None)
+                if waiting is None or waiting[0].done():
+                    continue
+                future, read = waiting
+                try:
+                    future.set_result(read(payload))
+                except Exception as e:
+                    future.set_exception(e)
+            elif kind == wire.ASK:
+                self._send(wire.json_frame(wire.SNAPSHOT, ident, self._snapshot()))
+            elif kind == wire.NOTICE:
+                self.notice.update(json.loads(bytes(payload)))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        for future, _ in self._waiting.values():
+            if not future.done():
+                future.set_exception(LinkClosed("the process that holds the log has gone"))
+        self._waiting.clear()
+        self.closed.set()
+
+    # -- requests ---------------------------------------------------------------------------
+    def _send(self, data: bytes | Sequence[bytes]) -> None:
+        if self._transport is None:
+            raise LinkClosed("the process that holds the log has gone")
+        if isinstance(data, bytes):
+            self._transport.write(data)
+        else:
+            self._transport.writelines(data)
+
+    def _request(
+        self, data: Callable[[int], bytes | Sequence[bytes]], read: Callable[[memoryview], Any]
+    ) -> asyncio.Future[Any]:
+        self._next = (self._next + 1) & 0xFFFFFFFF
+        ident = self._next
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._send(data(ident))
+        self._waiting[ident] = (future, read)
+        return future
+
+    def append(
+        self, batches: Sequence[tuple[str, int | None, fmt.EncodedBatch]]
+    ) -> asyncio.Future[list[int]]:
+        """Send encoded batches now (queued all or none), their bodies through the shared
+        ring where they fit; their base offsets once durable."""
+        size = sum(len(b.body) for _, _, b in batches)
+        if self.pending_bytes and self.pending_bytes + size > self.max_pending_bytes:
+            raise BusUnavailable(
+                f"this intake worker has {self.pending_bytes} bytes on their way to the log "
+                f"(limit {self.max_pending_bytes}); retry shortly"
+            )
+        ring = self._ring
+        at = [None if ring is None else ring.put(b.body) for _, _, b in batches]
+        used = [a for a in at if a is not None]
+        try:
+            future = self._request(lambda ident: wire.append_frame(ident, batches, at), _bases)
+        except BaseException:
+            for a in used:
+                ring.free(a)  # type: ignore[union-attr]
+            raise
+        self.pending_bytes += size
+
+        def answered(_: object) -> None:
+            self.pending_bytes -= size
+            for a in used:
+                ring.free(a)  # type: ignore[union-attr]
+
+        future.add_done_callback(answered)
+        return future
+
+    async def call(self, op: str, **args: Any) -> Any:
+        return await self._request(
+            lambda ident: wire.json_frame(wire.CALL, ident, {"op": op, **args}), _answer
+        )
+
+    async def partitions(self, topic: str) -> int:
+        known = self._topics.get(topic)
+        if known is None:
+            known = self._topics[topic] = int(await self.call("topic", name=topic))
+        return known
+
+    async def open_connection(self, identity: str) -> None:
+        """Count a WebSocket connection, or raise ``Rejected`` (the shared limits)."""
+        await self._request(
+            lambda ident: wire.frame(wire.CONN_OPEN, ident, identity.encode()), _admitted
+        )
+
+    def ready(self) -> None:
+        """Tell the host this worker serves its ports."""
+        self._send(wire.frame(wire.READY, 0))
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+        if self._ring is not None and not self._waiting:
+            self._ring.close()
+
+    def close_connection(self, identity: str) -> None:
+        # (a closed link: the host released every connection of this worker when it went)
+        with contextlib.suppress(LinkClosed):
+            self._send(wire.frame(wire.CONN_CLOSE, 0, identity.encode()))
+
+
+def _bases(payload: memoryview) -> list[int]:
+    status = payload[0]
+    if status == wire.OK:
+        return wire.read_bases(payload)
+    message = bytes(payload[1:]).decode()
+    if status == wire.ERROR_INVALID:
+        raise InvalidArgument(message)
+    raise BusUnavailable(message)
+
+
+def _answer(payload: memoryview) -> Any:
+    if payload[0] != wire.OK:
+        raise BusError(bytes(payload[1:]).decode())
+    return json.loads(bytes(payload[1:]))
+
+
+def _admitted(payload: memoryview) -> None:
+    if payload[0] != wire.OK:
+        raise wire.read_refusal(payload)
