@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import socket
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 
 
 DEFAULT_MAX_PENDING = 32 << 20
+ROOM_WAIT_S = 10.0
+RELEASE_EVERY_S = 1.0
 
 
 class LinkClosed(BusUnavailable):
@@ -42,6 +45,8 @@ class Link(asyncio.Protocol):
         self._ring = ring
         self.max_pending_bytes = max_pending_bytes
         self.pending_bytes = 0  # appended, not answered yet
+        self._promised = 0  # granted by ``room``, not appended yet
+        self._room_waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._transport: asyncio.Transport | None = None
         self._frames = wire.Frames()
         # id -> (the answer's future, how to read the answer: a value, or raise)
@@ -68,6 +73,15 @@ class Link(asyncio.Protocol):
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        if self._ring is not None:
+            self._release_later()
+
+    def _release_later(self) -> None:
+        """Every ``RELEASE_EVERY_S``: give the ring's pages back when it is idle."""
+        if self._transport is None or self._ring is None:
+            return
+        self._ring.release_if_idle()
+        asyncio.get_running_loop().call_later(RELEASE_EVERY_S, self._release_later)
 
     def data_received(self, data: bytes) -> None:
         for kind, ident, payload in self._frames.feed(data):
@@ -91,6 +105,9 @@ class Link(asyncio.Protocol):
             if not future.done():
                 future.set_exception(LinkClosed("the process that holds the log has gone"))
         self._waiting.clear()
+        for _, waiter in self._room_waiters:
+            if not waiter.done():
+                waiter.set_exception(LinkClosed("the process that holds the log has gone"))
         self.closed.set()
 
     # -- requests ---------------------------------------------------------------------------
@@ -118,11 +135,7 @@ class Link(asyncio.Protocol):
         """Send encoded batches now (queued all or none), their bodies through the shared
         ring where they fit; their base offsets once durable."""
         size = sum(len(b.body) for _, _, b in batches)
-        if self.pending_bytes and self.pending_bytes + size > self.max_pending_bytes:
-            raise BusUnavailable(
-                f"this intake worker has {self.pending_bytes} bytes on their way to the log "
-                f"(limit {self.max_pending_bytes}); retry shortly"
-            )
+        self._promised = max(0, self._promised - size)
         ring = self._ring
         at = [None if ring is None else ring.put(b.body) for _, _, b in batches]
         used = [a for a in at if a is not None]
@@ -138,9 +151,52 @@ class Link(asyncio.Protocol):
             self.pending_bytes -= size
             for a in used:
                 ring.free(a)  # type: ignore[union-attr]
+            self._grant()
 
         future.add_done_callback(answered)
         return future
+
+    def _fits(self, nbytes: int) -> bool:
+        queued = self.pending_bytes + self._promised
+        return queued == 0 or queued + nbytes <= self.max_pending_bytes
+
+    async def room(self, nbytes: int) -> None:
+        """Wait (in turn) until the bytes on their way to the log leave room for ``nbytes``
+        more: the log's pace holds requests here, so a client's next request waits for this
+        one's ack instead of being refused. Past ``ROOM_WAIT_S``: ``BusUnavailable``."""
+        if not self._room_waiters and self._fits(nbytes):
+            self._promised += nbytes
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (nbytes, waiter)
+        self._room_waiters.append(entry)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), ROOM_WAIT_S)
+        except TimeoutError:
+            if waiter.done():  # granted as the wait ended: hand the room back
+                self._promised = max(0, self._promised - nbytes)
+                self._grant()
+            raise BusUnavailable(
+                f"this intake worker has {self.pending_bytes} bytes on their way to the log "
+                f"(limit {self.max_pending_bytes}) and no room came within {ROOM_WAIT_S:.0f} s; "
+                "retry shortly"
+            ) from None
+        finally:
+            with contextlib.suppress(ValueError):
+                self._room_waiters.remove(entry)
+
+    def _grant(self) -> None:
+        waiters = self._room_waiters
+        while waiters:
+            nbytes, waiter = waiters[0]
+            if waiter.done():
+                waiters.popleft()
+                continue
+            if not self._fits(nbytes):
+                return
+            waiters.popleft()
+            self._promised += nbytes
+            waiter.set_result(None)
 
     async def call(self, op: str, **args: Any) -> Any:
         return await self._request(

@@ -93,5 +93,8 @@ class LocalSink:
         )
         return future
 
+    async def room(self, nbytes: int) -> None:
+        """The log's writer refuses what its queue cannot take (``BusUnavailable``)."""
+
     async def partitions(self, topic: str) -> int:
         return self.bus.partitions_for_append(topic)

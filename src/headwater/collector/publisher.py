@@ -49,6 +49,11 @@ class LogSink(Protocol):
         durable."""
         ...
 
+    async def room(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` more may be queued (backpressure), or raise
+        ``BusUnavailable`` when no room comes in time."""
+        ...
+
     async def partitions(self, topic: str) -> int: ...
 
 
@@ -125,7 +130,7 @@ class Publisher:
                 raise unavailable(
                     f"the log cannot take events now: {e.message}", self.retry_after_s
                 ) from None
-        appended = self._append_encoded(sink, batches)
+        appended = await self._queue(sink, batches)
         self._count_received(events, by_topic, ctx)
         if not self.durable:
             task = asyncio.ensure_future(self._received(appended))
@@ -153,9 +158,11 @@ class Publisher:
             (topic, p, fmt.encode([messages[i] for i in idx], now_ms)) for p, idx in groups.items()
         ]
 
-    def _append_encoded(self, sink: LogSink, batches: Encoded) -> Awaitable[list[int]]:
-        self.admission.check()
+    async def _queue(self, sink: LogSink, batches: Encoded) -> Awaitable[list[int]]:
+        """Queue ``batches`` once the sink has room for them; their answer to await."""
         try:
+            await sink.room(sum(len(b.body) for _, _, b in batches))
+            self.admission.check()
             return sink.append(batches)
         except BusUnavailable as e:
             raise unavailable(
@@ -211,7 +218,7 @@ class Publisher:
         for topic, messages in batches.items():
             encoded += await self._split(self.sink, topic, list(messages), now)
         try:
-            await self._append_encoded(self.sink, encoded)
+            await (await self._queue(self.sink, encoded))
         except (BusUnavailable, BusError) as e:
             raise self._unavailable(e) from None
 

@@ -8,8 +8,9 @@ copied once into the mapping and once into the page cache, and never through the
 The worker owns the space: it takes a region per body and frees it when the append is answered
 (the answer comes after the writer has written it). Regions are taken in order around the ring;
 a body that does not fit (the ring is full of appends in flight, or the body is larger than the
-ring) travels inline in its frame instead. The pages of the mapping stay resident once touched,
-so the ring is kept small (``RING_BYTES``): it only needs to hold the appends in flight.
+ring) travels inline in its frame instead. Pages of the mapping stay resident once touched, so
+the ring is small (``RING_BYTES``: it only needs to hold the appends in flight), and when it has
+been empty for a while its pages are given back (``release_if_idle``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ class Ring:
     """The worker's allocator over its mapping."""
 
     def __init__(self, mapping: mmap.mmap) -> None:
+        self.mapping = mapping
         self.view = memoryview(mapping)
+        self._touched = 0  # bytes written since the pages were last given back
         self.size = len(mapping)
         self._head = 0  # where the next region starts (counts up; position = head % size)
         self._tail = 0  # the start of the oldest region still in use
@@ -48,6 +51,7 @@ class Ring:
         if start + n - self._tail > self.size:
             return None
         self.view[at : at + n] = body
+        self._touched += n
         self._regions.append([start, start + n, 0])
         self._head = start + n
         return at
@@ -63,6 +67,15 @@ class Ring:
             self._tail = self._regions.popleft()[1]
         if not self._regions:
             self._tail = self._head
+
+    def release_if_idle(self) -> bool:
+        """Give the pages back (both processes' view of them) when nothing is in flight."""
+        if self._regions or not self._touched:
+            return False
+        self._head = self._tail = 0
+        self._touched = 0
+        self.mapping.madvise(mmap.MADV_REMOVE)
+        return True
 
     def close(self) -> None:
         self.view.release()

@@ -21,6 +21,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
@@ -40,13 +41,29 @@ WS_PATH = "/api/v1/events"
 class _Socket:
     """A WebSocket connection's server-side state."""
 
-    __slots__ = ("conn", "in_flight", "last_seen", "ws")
+    __slots__ = ("conn", "in_flight", "last_seen", "ws")  # (no __dict__: memory)
 
     def __init__(self, ws: web.WebSocketResponse, conn: Connection) -> None:
         self.ws = ws
         self.conn = conn
         self.last_seen = time.monotonic()
-        self.in_flight: set[asyncio.Task[None]] = set()
+        # requests being answered; None while there are none (an idle connection holds no set)
+        self.in_flight: set[asyncio.Task[None]] | None = None
+
+    def add(self, task: asyncio.Task[None]) -> None:
+        if self.in_flight is None:
+            self.in_flight = set()
+        self.in_flight.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        if self.in_flight is not None:
+            self.in_flight.discard(task)
+            if not self.in_flight:
+                self.in_flight = None
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return list(self.in_flight) if self.in_flight else []
 
 
 class CollectorServer:
@@ -79,26 +96,33 @@ class CollectorServer:
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
         limits = self.collector.config.limits
-        app = web.Application(
-            client_max_size=limits.max_body_bytes,
-            handler_args={
-                "max_field_size": 16384,
-                # The collector undoes content codings itself, within its body limit.
-                "auto_decompress": False,
-            },
-        )
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(
-            app,
+        loop = asyncio.get_running_loop()
+
+        def request(
+            message: Any, payload: Any, protocol: Any, writer: Any, task: Any
+        ) -> web.BaseRequest:
+            size = limits.max_body_bytes
+            return web.BaseRequest(
+                message, payload, protocol, writer, task, loop, client_max_size=size
+            )
+
+        # aiohttp's low-level server (no Application, router or match info: every request comes
+        # here, and an idle WebSocket holds less)
+        low_level = web.Server(
+            self._handle,
+            request_factory=request,
             access_log=None,
-            handle_signals=False,
-            shutdown_timeout=self.collector.config.shutdown_grace_s,
+            max_field_size=16384,
+            # The collector undoes content codings itself, within its body limit.
+            auto_decompress=False,
+        )
+        self._runner = web.ServerRunner(
+            low_level, handle_signals=False, shutdown_timeout=self.collector.config.shutdown_grace_s
         )
         await self._runner.setup()
         server = self._runner.server
         assert server is not None
         # Our own listener (not a TCPSite) so that every connection's request head is timed.
-        loop = asyncio.get_running_loop()
         if self.sock is not None:
             self._listener = await loop.create_server(
                 self._deadline.factory(server), sock=self.sock
@@ -136,7 +160,7 @@ class CollectorServer:
         grace = collector.config.shutdown_grace_s
         if self._grpc is not None:
             await self._grpc.stop(grace)
-        pending = [t for s in self._sockets for t in s.in_flight]
+        pending = [t for s in self._sockets for t in s.tasks()]
         if pending:
             await asyncio.wait(pending, timeout=grace)
         for s in list(self._sockets):
@@ -162,17 +186,17 @@ class CollectorServer:
         return f"http://{host}:{self.port}"
 
     # -- HTTP -------------------------------------------------------------------------------
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         handler = request.protocol
         self._deadline.begin(handler)
         try:
-            return await self._dispatch(request)
+            if request.path == WS_PATH and request.method == "GET":
+                return await self._websocket(request)
+            return await self._http(request)
         finally:
             self._deadline.end(handler)
 
-    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
-        if request.path == WS_PATH and request.method == "GET":
-            return await self._websocket(request)
+    async def _http(self, request: web.BaseRequest) -> web.StreamResponse:
         if self.collector.draining and request.method == "POST":
             return web.Response(
                 status=503, text="the collector is shutting down\n", headers={"Retry-After": "1"}
@@ -211,7 +235,7 @@ class CollectorServer:
         )
 
     # -- WebSocket --------------------------------------------------------------------------
-    async def _websocket(self, request: web.Request) -> web.StreamResponse:
+    async def _websocket(self, request: web.BaseRequest) -> web.StreamResponse:
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
             conn = await self.collector.open_connection(headers, request.remote or "")
@@ -225,13 +249,18 @@ class CollectorServer:
         try:
             await ws.prepare(request)
             self._sockets.add(sock)
-            await self._serve_socket(sock)
+            # (the frames are read here, not in a helper coroutine: an idle connection then
+            # holds one coroutine frame less)
+            while await self._frame(sock, await ws.receive()):
+                pass
+            if sock.in_flight:  # the client went away: let its requests finish (they are stored)
+                await asyncio.wait(sock.tasks())
         finally:
             self._sockets.discard(sock)
             self.collector.close_connection(conn)
         return ws
 
-    async def _refuse_socket(self, request: web.Request, e: Rejected) -> web.StreamResponse:
+    async def _refuse_socket(self, request: web.BaseRequest, e: Rejected) -> web.StreamResponse:
         """Over a limit: upgrade, send the refusal as a response with its code, close."""
         self.collector.metrics.rejected(e.kind)
         ws = web.WebSocketResponse()
@@ -240,23 +269,16 @@ class CollectorServer:
         await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=e.reason[:120].encode())
         return ws
 
-    async def _serve_socket(self, sock: _Socket) -> None:
-        while await self._frame(sock, await sock.ws.receive()):
-            pass
-        if sock.in_flight:  # the client went away: let its requests finish (they are stored)
-            await asyncio.wait(list(sock.in_flight))
-
     async def _frame(self, sock: _Socket, msg: WSMessage) -> bool:
         """Handle one frame; False when the connection is over. (The frame is not kept while
         the connection waits for the next: an idle connection holds no batch.)"""
         sock.last_seen = time.monotonic()
         kind = msg.type
         if kind is WSMsgType.BINARY or kind is WSMsgType.TEXT:
-            while len(sock.in_flight) >= MAX_IN_FLIGHT:  # (no semaphore per connection: memory)
-                await asyncio.wait(sock.in_flight, return_when=asyncio.FIRST_COMPLETED)
-            task = asyncio.create_task(self._answer(sock, msg.data))
-            sock.in_flight.add(task)
-            task.add_done_callback(sock.in_flight.discard)
+            while sock.in_flight and len(sock.in_flight) >= MAX_IN_FLIGHT:  # (no semaphore per
+                # connection: memory)
+                await asyncio.wait(sock.tasks(), return_when=asyncio.FIRST_COMPLETED)
+            sock.add(asyncio.create_task(self._answer(sock, msg.data)))
         elif kind is WSMsgType.PING:
             await sock.ws.pong(msg.data)
         elif kind is WSMsgType.ERROR:
