@@ -409,7 +409,9 @@ def _append_processes(
                 ours.close()
                 os.close(out_r)
                 os.read(go_r, 1)
-                result = asyncio.run(_link_appender(theirs, ring, topic, batch, tasks, seconds))
+                import uvloop  # as the collector's workers run
+
+                result = uvloop.run(_link_appender(theirs, ring, topic, batch, tasks, seconds))
                 os.write(out_w, json.dumps(result).encode())
                 code = 0
             finally:

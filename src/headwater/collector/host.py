@@ -96,35 +96,68 @@ class WorkerLink:
 
     # -- reading ----------------------------------------------------------------------------
     def _run(self) -> None:
-        reader = self.sock.makefile("rb", buffering=READ_BUFFER)
+        buf = bytearray(READ_BUFFER)
+        start = end = 0
         try:
             while True:
-                head = reader.read(wire.HEAD_SIZE)
-                if len(head) < wire.HEAD_SIZE:
+                if end == len(buf):  # a frame runs past the buffer: make room for it
+                    buf = self._room(buf, start, end)
+                    end -= start
+                    start = 0
+                with memoryview(buf) as view:
+                    n = self.sock.recv_into(view[end:])
+                if not n:
                     break
-                size, kind, ident = wire.HEAD.unpack(head)
-                if size > wire.MAX_FRAME:
-                    raise ValueError(f"a frame of {size} bytes")
-                payload = reader.read(size + 4 - wire.HEAD_SIZE)
-                if len(payload) < size + 4 - wire.HEAD_SIZE:
-                    break
-                self._handle(kind, ident, memoryview(payload))
+                end += n
+                start = self._frames(buf, start, end)
+                if start == end:
+                    start = end = 0
         except OSError as e:
             log.info("intake worker %d: link closed: %s", self.index, e)
         except Exception:
             log.exception("intake worker %d: bad frame; link closed", self.index)
         finally:
-            reader.close()
             self.alive = False
             # the worker must see its link end (and stop, to be started again), whatever ended it
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
             self.host.gone(self)
 
+    @staticmethod
+    def _room(buf: bytearray, start: int, end: int) -> bytearray:
+        """The unread bytes at the front of a buffer large enough for the frame they start."""
+        rest = bytes(buf[start:end])
+        size = len(buf)
+        if len(rest) >= wire.HEAD_SIZE:
+            (length,) = wire.LENGTH.unpack_from(rest, 0)
+            if length > wire.MAX_FRAME:
+                raise ValueError(f"a frame of {length} bytes")
+            size = max(size, length + 4)
+        out = bytearray(size)
+        out[: len(rest)] = rest
+        return out
+
+    def _frames(self, buf: bytearray, start: int, end: int) -> int:
+        """Handle the complete frames in ``buf[start:end]``; where the unread part starts.
+        Every APPEND read in one go is queued on the log's writer together."""
+        appends: list[tuple[int, bytes]] = []
+        while end - start >= wire.HEAD_SIZE:
+            size, kind, ident = wire.HEAD.unpack_from(buf, start)
+            stop = start + 4 + size
+            if stop > end:
+                break
+            payload = bytes(buf[start + wire.HEAD_SIZE : stop])  # the buffer is reused
+            if kind == wire.APPEND:
+                appends.append((ident, payload))
+            else:
+                self._handle(kind, ident, memoryview(payload))
+            start = stop
+        if appends:
+            self._append(appends)
+        return start
+
     def _handle(self, kind: int, ident: int, payload: memoryview) -> None:
-        if kind == wire.APPEND:
-            self._append(ident, payload)
-        elif kind == wire.CONN_OPEN:
+        if kind == wire.CONN_OPEN:
             self._open(ident, bytes(payload).decode())
         elif kind == wire.CONN_CLOSE:
             self._close(bytes(payload).decode())
@@ -140,24 +173,38 @@ class WorkerLink:
         else:
             raise ValueError(f"unknown frame kind {kind}")
 
-    def _append(self, ident: int, payload: memoryview) -> None:
+    def _append(self, frames: list[tuple[int, bytes]]) -> None:
+        """Queue the batches of several APPEND frames at once (each frame all or none: when
+        the frames together are refused for one frame's bad topic, each is tried alone)."""
         bus = self.host.bus
-        batches = wire.read_append(payload, self.ring)
-        reply = _Reply(self, ident, len(batches))
+        items = []
+        for ident, payload in frames:
+            batches = wire.read_append(memoryview(payload), self.ring)
+            reply = _Reply(self, ident, len(batches))
+            items.append((ident, [(t, p, b, reply.part(i)) for i, (t, p, b) in enumerate(batches)]))
+        if bus is None or not hasattr(bus, "append_encoded"):
+            error = BusUnavailable("this process holds no embedded log to append to")
+            for ident, _ in items:
+                self._refuse(ident, error)
+            return
         try:
-            if bus is None or not hasattr(bus, "append_encoded"):
-                raise BusUnavailable("this process holds no embedded log to append to")
-            bus.append_encoded([(t, p, b, reply.part(i)) for i, (t, p, b) in enumerate(batches)])
+            bus.append_encoded([batch for _, batches in items for batch in batches])
         except BusUnavailable as e:
-            self.send(
-                wire.frame(
-                    wire.RESULT, ident, wire.error_payload(wire.ERROR_UNAVAILABLE, e.message)
-                )
-            )
+            for ident, _ in items:
+                self._refuse(ident, e)
         except BusError as e:
-            self.send(
-                wire.frame(wire.RESULT, ident, wire.error_payload(wire.ERROR_INVALID, e.message))
-            )
+            if len(items) == 1:
+                self._refuse(items[0][0], e)
+                return
+            for ident, batches in items:
+                try:
+                    bus.append_encoded(batches)
+                except (BusUnavailable, BusError) as one:
+                    self._refuse(ident, one)
+
+    def _refuse(self, ident: int, e: BusUnavailable | BusError) -> None:
+        status = wire.ERROR_UNAVAILABLE if isinstance(e, BusUnavailable) else wire.ERROR_INVALID
+        self.send(wire.frame(wire.RESULT, ident, wire.error_payload(status, e.message)))
 
     def _open(self, ident: int, identity: str) -> None:
         try:

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_PENDING = 32 << 20
 ROOM_WAIT_S = 10.0
 RELEASE_EVERY_S = 1.0
+FLUSH_PARTS = 64  # frame parts queued that are sent at once (about 16 appends)
 
 
 class LinkClosed(BusUnavailable):
@@ -49,6 +50,8 @@ class Link(asyncio.Protocol):
         self._room_waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._transport: asyncio.Transport | None = None
         self._frames = wire.Frames()
+        self._out: list[bytes] = []  # frames to send at the end of this turn of the loop
+        self._flushing = False
         # id -> (the answer's future, how to read the answer: a value, or raise)
         self._waiting: dict[int, tuple[asyncio.Future[Any], Callable[[memoryview], Any]]] = {}
         self._next = 0
@@ -112,12 +115,28 @@ class Link(asyncio.Protocol):
 
     # -- requests ---------------------------------------------------------------------------
     def _send(self, data: bytes | Sequence[bytes]) -> None:
+        """Queue frames to send; everything queued in one turn of the event loop goes in one
+        write (the requests a round of answers wakes append together)."""
         if self._transport is None:
             raise LinkClosed("the process that holds the log has gone")
         if isinstance(data, bytes):
-            self._transport.write(data)
+            self._out.append(data)
         else:
-            self._transport.writelines(data)
+            self._out += data
+        if len(self._out) >= FLUSH_PARTS:  # enough to keep the log busy: send now
+            self._flush()
+        elif not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        self._flushing = False
+        self._flush()
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self._transport is not None and out:
+            self._transport.write(b"".join(out))
 
     def _request(
         self, data: Callable[[int], bytes | Sequence[bytes]], read: Callable[[memoryview], Any]
