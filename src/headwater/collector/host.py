@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 SNAPSHOT_TIMEOUT_S = 2.0
 FRESH_S = 1.0
 SEND_TIMEOUT_S = 30.0
-READ_BUFFER = 1 << 20
+READ_BUFFER = 128 << 10  # grows for a frame larger than this
 
 
 class WorkerLink:
