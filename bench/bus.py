@@ -412,7 +412,9 @@ def _append_processes(
                 import uvloop  # as the collector's workers run
 
                 result = uvloop.run(_link_appender(theirs, ring, topic, batch, tasks, seconds))
-                os.write(out_w, json.dumps(result).encode())
+                data = memoryview(json.dumps(result).encode())
+                while data:  # a pipe takes at most its buffer per write
+                    data = data[os.write(out_w, data) :]
                 code = 0
             finally:
                 os._exit(code)
