@@ -39,7 +39,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -283,6 +283,28 @@ class Window:
 BACKPRESSURE_PAUSE_S = 0.001
 
 
+async def _appends_until(
+    end: float, append: Callable[[], Awaitable[object]]
+) -> tuple[int, list[float], int]:
+    """One appender: ``append`` again and again until ``end``; the appends acked in time,
+    their latencies, and how many were refused (then retried after a pause, as a client
+    would)."""
+    done = refused = 0
+    latencies: list[float] = []
+    while (t0 := time.perf_counter()) < end:
+        try:
+            await append()
+        except BusUnavailable:  # the log's write queue is full: back off
+            refused += 1
+            await asyncio.sleep(BACKPRESSURE_PAUSE_S)
+            continue
+        t1 = time.perf_counter()
+        if t1 <= end:
+            done += 1
+            latencies.append(t1 - t0)
+    return done, latencies, refused
+
+
 async def _append_tasks(
     bus: Bus,
     topic: str,
@@ -298,21 +320,8 @@ async def _append_tasks(
     meter.start()
     fsync0 = syncs.count if syncs else 0
 
-    async def appender() -> tuple[int, list[float], int]:
-        done = refused = 0
-        latencies: list[float] = []
-        while (t0 := time.perf_counter()) < end:
-            try:
-                await asyncio.wrap_future(bus.append(topic, batch))
-            except BusUnavailable:  # the log's write queue is full: back off, as a client would
-                refused += 1
-                await asyncio.sleep(BACKPRESSURE_PAUSE_S)
-                continue
-            t1 = time.perf_counter()
-            if t1 <= end:
-                done += 1
-                latencies.append(t1 - t0)
-        return done, latencies, refused
+    def appender() -> Awaitable[tuple[int, list[float], int]]:
+        return _appends_until(end, lambda: asyncio.wrap_future(bus.append(topic, batch)))
 
     async def stopwatch() -> int | None:
         await asyncio.sleep(max(0.0, end - time.perf_counter()))
@@ -456,24 +465,10 @@ async def _link_appender(
     link = await Link.connect(sock, list, Ring(ring))
     end = time.perf_counter() + seconds
 
-    async def appender() -> tuple[int, list[float], int]:
-        done = refused = 0
-        latencies: list[float] = []
-        while (t0 := time.perf_counter()) < end:
-            encoded = log_format.encode(batch, time.time_ns() // 1_000_000)
-            try:
-                await link.append([(topic, 0, encoded)])
-            except BusUnavailable:
-                refused += 1
-                await asyncio.sleep(BACKPRESSURE_PAUSE_S)
-                continue
-            t1 = time.perf_counter()
-            if t1 <= end:
-                done += 1
-                latencies.append(t1 - t0)
-        return done, latencies, refused
+    def append() -> Awaitable[list[int]]:
+        return link.append([(topic, 0, log_format.encode(batch, time.time_ns() // 1_000_000))])
 
-    results = await asyncio.gather(*(appender() for _ in range(tasks)))
+    results = await asyncio.gather(*(_appends_until(end, append) for _ in range(tasks)))
     link.close()
     return (
         sum(r[0] for r in results),
