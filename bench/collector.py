@@ -12,9 +12,10 @@ The collector runs in its own process, started through the ``headwater`` command
 ``headwater --config FILE collector --port 0 --grpc-port 0`` runs it, with its embedded log in a
 temporary directory under ``./data`` (``--dir``), and its default ``collector.workers: auto``
 (one intake process per core, forked by it): its CPU, RSS and PSS are those of all its
-processes together, and "loop thread" is the busiest of their event-loop threads. The load comes from other processes (this same
-script in a load-generator role, asyncio on uvloop with a hand-written WebSocket / HTTP/1.1 client
-that sends pre-built request bytes, and a ``grpc.aio`` client for gRPC). Everything talks over
+processes together, and "loop thread" is the busiest of their event-loop threads. The load
+comes from other processes (this same script in a load-generator role, asyncio on uvloop with a
+hand-written WebSocket / HTTP/1.1 client that sends pre-built request bytes, and a ``grpc.aio``
+client for gRPC). Everything talks over
 loopback, and everything shares this machine's cores: the figures are what the collector does
 with a load generator next to it, and the generators' CPU is printed beside them.
 
