@@ -486,7 +486,7 @@ def test_sigterm_finishes_in_flight_requests_and_stops_every_worker(tmp_path: Pa
     assert not missing, f"acked but not on the log: {missing[:10]}"
 
 
-def test_workers_stop_when_the_main_process_is_killed(tmp_path: Path) -> None:
+def test_workers_die_with_the_main_process(tmp_path: Path) -> None:
     ledger = Ledger()
     config_file = write_config(tmp_path)
     with start(config_file) as c:
@@ -494,7 +494,7 @@ def test_workers_stop_when_the_main_process_is_killed(tmp_path: Path) -> None:
         asyncio.run(load_then_signal(c, ledger, signal.SIGKILL))
         assert c.process.proc.wait(EXIT_S) == -signal.SIGKILL
         gone = lambda: not any(alive(pid) for pid in workers)  # noqa: E731
-        wait_until(gone, "the workers exit by themselves", EXIT_S)
+        wait_until(gone, "the workers to die with the main process", EXIT_S)
     with start(config_file, "restarted"):
         missing = ledger.missing(stored(config_file))
     assert len(ledger.acked) >= 100

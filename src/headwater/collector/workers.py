@@ -22,14 +22,16 @@ With ``bus: kafka`` the workers are independent producers; the main process stil
 shared connection counts. A worker that exits unexpectedly is forked again (its listening
 socket stays open in the main process meanwhile, so connections wait in its backlog). SIGTERM
 on the main process stops the workers first (each finishes its requests, which the log still
-takes), then the log is flushed and closed. If the main process dies, each worker sees its link
-close and stops.
+takes), then the log is flushed and closed. If the main process dies, its workers die with it
+(``PR_SET_PDEATHSIG``): the collector fails as one unit, its clients' unacked requests are sent
+again elsewhere, and no orphan keeps serving the port.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
 import mmap
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_AUTO = 4
+PR_SET_PDEATHSIG = 1
 BACKLOG = 4096
 READY_TIMEOUT_S = 60.0
 
@@ -71,6 +74,17 @@ def _preload() -> None:
 
     gc.collect()
     gc.freeze()
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL this process when ``parent`` ends (Linux); exit now if it already has."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the worker stops when its link closes
+        log.debug("no PR_SET_PDEATHSIG here")
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _socket(host: str, port: int, *, listen: bool) -> socket.socket:
@@ -128,10 +142,12 @@ class IntakeWorkers:
     def _fork(self, index: int) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ring = shared_mapping()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the worker
             code = 1
             try:
+                _die_with(parent)
                 ours.close()
                 for i, s in enumerate(self.sockets):
                     if i != index:
