@@ -18,6 +18,7 @@ from headwater.bus.records import TopicPartition
 from headwater.collector.admission import Admission
 from headwater.collector.auth import WriteKeys, hash_key, key_from_headers
 from headwater.collector.config import AdmissionConfig, CollectorConfig, SourceConfig
+from headwater.collector.dedup import RecentRequests
 from headwater.collector.errors import Code, Rejected
 from headwater.collector.events import EventIn, RequestContext, Uuid7, to_messages
 from headwater.collector.limits import Connections
@@ -183,3 +184,23 @@ def test_collector_config_rejects_bad_values() -> None:
         CollectorConfig(trusted_proxies=["nonsense"])
     with pytest.raises(ValidationError, match="appears twice"):
         CollectorConfig(sources=[SourceConfig(id="a"), SourceConfig(id="a")])
+
+
+def test_recent_requests_keep_a_window_of_stored_ids_and_forget_failed_ones() -> None:
+    async def scenario() -> None:
+        recent = RecentRequests()
+        first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        recent.start("a", first)
+        assert recent.running("a") is first and not recent.stored("a")
+        recent.end("a", stored=True, window=2)
+        assert recent.running("a") is None and recent.stored("a")
+        recent.start("b", asyncio.get_running_loop().create_future())
+        recent.end("b", stored=False, window=2)  # failed: may be sent again
+        assert not recent.stored("b")
+        for guid in ("c", "d"):  # the window of 2 now holds c and d: a is forgotten
+            recent.end(guid, stored=True, window=2)
+        assert not recent.stored("a") and recent.stored("c") and recent.stored("d")
+        recent.end("e", stored=True, window=2)
+        assert not recent.stored("c") and recent.stored("d") and recent.stored("e")
+
+    asyncio.run(scenario())

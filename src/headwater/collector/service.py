@@ -10,6 +10,7 @@ import asyncio
 import ipaddress
 import json
 import logging
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -19,6 +20,7 @@ from headwater.bus.base import Bus
 from headwater.collector.admission import Admission, NoticedAdmission
 from headwater.collector.auth import WriteKeys, key_from_headers
 from headwater.collector.config import CollectorConfig, LimitsConfig
+from headwater.collector.dedup import RecentRequests
 from headwater.collector.errors import Rejected, bad_request, unauthorized
 from headwater.collector.events import Intake, RequestContext
 from headwater.collector.limits import Connections
@@ -65,9 +67,8 @@ class Connection:
     source: str
     client_ip: str
     user_agent: str
-    # req_guid -> the first attempt's outcome while it runs, None once it succeeded (a plain
-    # dict, oldest first: it stays small for the thousands of idle connections a server holds)
-    recent: dict[str, asyncio.Future[None] | None] = field(default_factory=dict)
+    # the req_guids it sent recently (small for the thousands of idle connections a server holds)
+    recent: RecentRequests = field(default_factory=RecentRequests)
 
 
 class Collector:
@@ -206,7 +207,10 @@ class Collector:
             self.connections.open(identity)
         self.metrics.connections.inc()
         return Connection(
-            identity, source, self.client_ip(peer, headers), headers.get("user-agent", "")
+            identity,
+            source,
+            self.client_ip(peer, headers),
+            sys.intern(headers.get("user-agent", "")),  # (thousands of clients share a few)
         )
 
     def close_connection(self, conn: Connection) -> None:
@@ -254,26 +258,24 @@ class Collector:
         if not req_guid or not window:
             await publish()
             return
-        if req_guid in conn.recent:
+        recent = conn.recent
+        earlier = recent.running(req_guid)
+        if earlier is not None or recent.stored(req_guid):
             self.metrics.rejected("duplicate_request")
-            earlier = conn.recent[req_guid]
             if earlier is not None:
                 await asyncio.shield(earlier)  # the first attempt's outcome is this one's
             return
         outcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        conn.recent[req_guid] = outcome
-        while len(conn.recent) > window:
-            del conn.recent[next(iter(conn.recent))]
+        recent.start(req_guid, outcome)
         try:
             await publish()
         except BaseException as e:
-            conn.recent.pop(req_guid, None)  # a failed request may be sent again
+            recent.end(req_guid, stored=False, window=window)
             outcome.set_exception(e)
             outcome.exception()  # retrieved: nobody else may be waiting
             raise
+        recent.end(req_guid, stored=True, window=window)
         outcome.set_result(None)
-        if conn.recent.get(req_guid) is outcome:
-            conn.recent[req_guid] = None  # succeeded: the future is no longer needed
 
     # -- Raccoon over gRPC ------------------------------------------------------------------
     async def raccoon_grpc(self, data: bytes, metadata: Mapping[str, str], peer: str) -> bytes:
