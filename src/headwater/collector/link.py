@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import logging
 import socket
@@ -21,6 +20,7 @@ from typing import Any
 from headwater.bus.embedded import format as fmt
 from headwater.bus.errors import BusError, BusUnavailable, InvalidArgument
 from headwater.collector import wire
+from headwater.collector.memory import trim_heap
 from headwater.collector.ring import Ring
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class Link(asyncio.Protocol):
         if self._transport is None or self._ring is None:
             return
         if self._ring.release_if_idle():
-            _trim_heap()
+            trim_heap()
         asyncio.get_running_loop().call_later(RELEASE_EVERY_S, self._release_later)
 
     def data_received(self, data: bytes) -> None:
@@ -250,22 +250,6 @@ class Link(asyncio.Protocol):
         # (a closed link: the host released every connection of this worker when it went)
         with contextlib.suppress(LinkClosed):
             self._send(wire.frame(wire.CONN_CLOSE, 0, identity.encode()))
-
-
-def _trim_heap() -> None:
-    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``): a burst of
-    large request buffers otherwise stays resident in the worker after it has been freed."""
-    global _LIBC
-    if _LIBC is None:
-        try:
-            _LIBC = ctypes.CDLL("libc.so.6")
-        except OSError:
-            _LIBC = False
-    if _LIBC:
-        _LIBC.malloc_trim(0)
-
-
-_LIBC: Any = None
 
 
 def _bases(payload: memoryview) -> list[int]:

@@ -46,6 +46,7 @@ async def _serve(
 ) -> None:
     from headwater.bus import open_bus
     from headwater.collector.link import Link
+    from headwater.collector.memory import trim_heap
     from headwater.collector.metrics import Metrics
     from headwater.collector.ring import Ring
     from headwater.collector.server import CollectorServer
@@ -73,6 +74,7 @@ async def _serve(
         await server.start()
         gc.collect()
         gc.freeze()  # what start-up made stays out of the collector's walks
+        trim_heap()
         link.ready()
         closed = asyncio.ensure_future(link.closed.wait())
         await asyncio.wait(

@@ -234,6 +234,7 @@ class _Workers(_Front):
         from headwater.collector.admission import Admission
         from headwater.collector.host import LogHost
         from headwater.collector.limits import Connections
+        from headwater.collector.memory import trim_heap
 
         cfg = config.collector
         host = LogHost(
@@ -252,6 +253,7 @@ class _Workers(_Front):
             if config.webhooks.sources or config.webhooks.receivers:
                 front.store = await open_webhook_state(config, bus)
             await workers.serve(host)
+            trim_heap()
         except BaseException:
             await front.stop()
             raise
