@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import uvloop
+
 from _common import (
     KAFKA_JVM,
     MB,
@@ -418,8 +420,6 @@ def _append_processes(
                 ours.close()
                 os.close(out_r)
                 os.read(go_r, 1)
-                import uvloop  # as the collector's workers run
-
                 result = uvloop.run(_link_appender(theirs, ring, topic, batch, tasks, seconds))
                 data = memoryview(json.dumps(result).encode())
                 while data:  # a pipe takes at most its buffer per write
@@ -514,7 +514,7 @@ def measure_appends(
         if mode == "link":
             window, appender_cores[0] = _append_processes(bus, topic, batch, appenders, span, syncs)
             return window
-        return asyncio.run(_append_tasks(bus, topic, batch, appenders, span, syncs))
+        return uvloop.run(_append_tasks(bus, topic, batch, appenders, span, syncs))
 
     run(warmup)
     broker0 = _process_cpu_s(broker_pids)
