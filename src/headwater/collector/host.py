@@ -33,6 +33,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PromCollector
 
 from headwater.bus.base import Bus
+from headwater.bus.embedded.writer import Finish, Parts
 from headwater.bus.errors import BusError, BusUnavailable
 from headwater.collector import wire
 from headwater.collector.errors import Rejected
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 SNAPSHOT_TIMEOUT_S = 2.0
 FRESH_S = 1.0
 SEND_TIMEOUT_S = 30.0
-READ_BUFFER = 128 << 10  # grows for a frame larger than this
+READ_BYTES = 128 << 10  # read from a worker's socket at once
 
 
 class WorkerLink:
@@ -96,22 +97,17 @@ class WorkerLink:
 
     # -- reading ----------------------------------------------------------------------------
     def _run(self) -> None:
-        buf = bytearray(READ_BUFFER)
-        start = end = 0
+        frames = wire.Frames()
         try:
-            while True:
-                if end == len(buf):  # a frame runs past the buffer: make room for it
-                    buf = self._room(buf, start, end)
-                    end -= start
-                    start = 0
-                with memoryview(buf) as view:
-                    n = self.sock.recv_into(view[end:])
-                if not n:
-                    break
-                end += n
-                start = self._frames(buf, start, end)
-                if start == end:
-                    start = end = 0
+            while data := self.sock.recv(READ_BYTES):
+                appends: list[tuple[int, memoryview]] = []
+                for kind, ident, payload in frames.feed(data):
+                    if kind == wire.APPEND:
+                        appends.append((ident, payload))
+                    else:
+                        self._handle(kind, ident, payload)
+                if appends:  # every APPEND read in one go is queued on the writer together
+                    self._append(appends)
         except OSError as e:
             log.info("intake worker %d: link closed: %s", self.index, e)
         except Exception:
@@ -122,39 +118,6 @@ class WorkerLink:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
             self.host.gone(self)
-
-    @staticmethod
-    def _room(buf: bytearray, start: int, end: int) -> bytearray:
-        """The unread bytes at the front of a buffer large enough for the frame they start."""
-        rest = bytes(buf[start:end])
-        size = len(buf)
-        if len(rest) >= wire.HEAD_SIZE:
-            (length,) = wire.LENGTH.unpack_from(rest, 0)
-            if length > wire.MAX_FRAME:
-                raise ValueError(f"a frame of {length} bytes")
-            size = max(size, length + 4)
-        out = bytearray(size)
-        out[: len(rest)] = rest
-        return out
-
-    def _frames(self, buf: bytearray, start: int, end: int) -> int:
-        """Handle the complete frames in ``buf[start:end]``; where the unread part starts.
-        Every APPEND read in one go is queued on the log's writer together."""
-        appends: list[tuple[int, bytes]] = []
-        while end - start >= wire.HEAD_SIZE:
-            size, kind, ident = wire.HEAD.unpack_from(buf, start)
-            stop = start + 4 + size
-            if stop > end:
-                break
-            payload = bytes(buf[start + wire.HEAD_SIZE : stop])  # the buffer is reused
-            if kind == wire.APPEND:
-                appends.append((ident, payload))
-            else:
-                self._handle(kind, ident, memoryview(payload))
-            start = stop
-        if appends:
-            self._append(appends)
-        return start
 
     def _handle(self, kind: int, ident: int, payload: memoryview) -> None:
         if kind == wire.CONN_OPEN:
@@ -173,14 +136,14 @@ class WorkerLink:
         else:
             raise ValueError(f"unknown frame kind {kind}")
 
-    def _append(self, frames: list[tuple[int, bytes]]) -> None:
+    def _append(self, frames: list[tuple[int, memoryview]]) -> None:
         """Queue the batches of several APPEND frames at once (each frame all or none: when
         the frames together are refused for one frame's bad topic, each is tried alone)."""
         bus = self.host.bus
         items = []
         for ident, payload in frames:
-            batches = wire.read_append(memoryview(payload), self.ring)
-            reply = _Reply(self, ident, len(batches))
+            batches = wire.read_append(payload, self.ring)
+            reply = Parts(len(batches), self._answer(ident), self.round_end)
             items.append((ident, [(t, p, b, reply.part(i)) for i, (t, p, b) in enumerate(batches)]))
         if bus is None or not hasattr(bus, "append_encoded"):
             error = BusUnavailable("this process holds no embedded log to append to")
@@ -201,6 +164,19 @@ class WorkerLink:
                     bus.append_encoded(batches)
                 except (BusUnavailable, BusError) as one:
                     self._refuse(ident, one)
+
+    def _answer(self, ident: int) -> Finish:
+        """Queue the answer to APPEND ``ident`` (sent at the end of the writer's round)."""
+
+        def finish(bases: list[int], error: BaseException | None) -> None:
+            if error is not None:
+                message = getattr(error, "message", str(error))
+                payload = wire.error_payload(wire.ERROR_UNAVAILABLE, message)
+            else:
+                payload = wire.bases_payload(bases)
+            self.queue(wire.frame(wire.RESULT, ident, payload))
+
+        return finish
 
     def _refuse(self, ident: int, e: BusUnavailable | BusError) -> None:
         status = wire.ERROR_UNAVAILABLE if isinstance(e, BusUnavailable) else wire.ERROR_INVALID
@@ -242,51 +218,6 @@ class WorkerLink:
         self._waiting[ident] = event
         self.send(wire.frame(wire.ASK, ident))
         return event
-
-
-class _Reply:
-    """Answers one APPEND once all its batches are durable (or one failed)."""
-
-    __slots__ = ("bases", "error", "ident", "left", "link", "lock")
-
-    def __init__(self, link: WorkerLink, ident: int, n: int) -> None:
-        self.link = link
-        self.ident = ident
-        self.bases = [-1] * n
-        self.left = n
-        self.error: BaseException | None = None
-        self.lock = threading.Lock()
-
-    def part(self, i: int) -> _Part:
-        return _Part(self, i)
-
-    def done(self, i: int, base: int, error: BaseException | None) -> None:
-        with self.lock:
-            self.bases[i] = base
-            self.error = self.error or error
-            self.left -= 1
-            if self.left:
-                return
-        if self.error is not None:
-            message = getattr(self.error, "message", str(self.error))
-            payload = wire.error_payload(wire.ERROR_UNAVAILABLE, message)
-        else:
-            payload = wire.bases_payload(self.bases)
-        self.link.queue(wire.frame(wire.RESULT, self.ident, payload))
-
-
-class _Part:
-    """The writer's ``Done`` for one batch of a reply (with the link's ``round_end``)."""
-
-    __slots__ = ("i", "reply", "round_end")
-
-    def __init__(self, reply: _Reply, i: int) -> None:
-        self.reply = reply
-        self.i = i
-        self.round_end = reply.link.round_end
-
-    def __call__(self, base: int, error: BaseException | None) -> None:
-        self.reply.done(self.i, base, error)
 
 
 class LogHost:

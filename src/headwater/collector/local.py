@@ -1,6 +1,6 @@
 """Appending encoded batches to the embedded log in this process, from asyncio.
 
-The log's writer thread tells each batch's ``Done``; here those answers are gathered and handed
+The log's writer thread finishes each append (``writer.Parts``); the finished appends are handed
 to the event loop once per group commit (one ``call_soon_threadsafe`` per round, not one per
 append), which resolves every request the round made durable.
 """
@@ -12,63 +12,45 @@ import threading
 from typing import TYPE_CHECKING
 
 from headwater.bus.embedded import format as fmt
+from headwater.bus.embedded.writer import Finish, Parts
 
 if TYPE_CHECKING:
     from headwater.bus.embedded.backend import EmbeddedBus
 
 
 class _Round:
-    """Answers gathered on the writer's thread for one event loop."""
+    """Appends finished on the writer's thread, handed to one event loop once per round."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._lock = threading.Lock()
-        self._answers: list[tuple[_Append, int, int, BaseException | None]] = []
+        self._finished: list[tuple[asyncio.Future[list[int]], list[int], BaseException | None]]
+        self._finished = []
 
-    def add(self, append: _Append, i: int, base: int, error: BaseException | None) -> None:
-        with self._lock:
-            self._answers.append((append, i, base, error))
+    def finish(self, future: asyncio.Future[list[int]]) -> Finish:
+        def finished(bases: list[int], error: BaseException | None) -> None:
+            with self._lock:
+                self._finished.append((future, bases, error))
+
+        return finished
 
     def round_end(self) -> None:
         with self._lock:
-            answers, self._answers = self._answers, []
-        if answers and not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(_resolve, answers)
+            finished, self._finished = self._finished, []
+        if finished and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(_resolve, finished)
 
 
-class _Append:
-    __slots__ = ("bases", "error", "future", "left")
-
-    def __init__(self, future: asyncio.Future[list[int]], n: int) -> None:
-        self.future = future
-        self.bases = [-1] * n
-        self.left = n
-        self.error: BaseException | None = None
-
-
-class _Part:
-    __slots__ = ("append", "i", "round", "round_end")
-
-    def __init__(self, rnd: _Round, append: _Append, i: int) -> None:
-        self.round = rnd
-        self.append = append
-        self.i = i
-        self.round_end = rnd.round_end
-
-    def __call__(self, base: int, error: BaseException | None) -> None:
-        self.round.add(self.append, self.i, base, error)
-
-
-def _resolve(answers: list[tuple[_Append, int, int, BaseException | None]]) -> None:
-    for append, i, base, error in answers:
-        append.bases[i] = base
-        append.error = append.error or error
-        append.left -= 1
-        if append.left == 0 and not append.future.done():
-            if append.error is not None:
-                append.future.set_exception(append.error)
-            else:
-                append.future.set_result(append.bases)
+def _resolve(
+    finished: list[tuple[asyncio.Future[list[int]], list[int], BaseException | None]],
+) -> None:
+    for future, bases, error in finished:
+        if future.done():
+            continue
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(bases)
 
 
 class LocalSink:
@@ -87,10 +69,8 @@ class LocalSink:
             self._rounds = {k: v for k, v in self._rounds.items() if not k.is_closed()}
             rnd = self._rounds[loop] = _Round(loop)
         future: asyncio.Future[list[int]] = loop.create_future()
-        append = _Append(future, len(batches))
-        self.bus.append_encoded(
-            [(t, p, b, _Part(rnd, append, i)) for i, (t, p, b) in enumerate(batches)]
-        )
+        parts = Parts(len(batches), rnd.finish(future), rnd.round_end)
+        self.bus.append_encoded([(t, p, b, parts.part(i)) for i, (t, p, b) in enumerate(batches)])
         return future
 
     async def room(self, nbytes: int) -> None:

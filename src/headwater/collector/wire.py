@@ -34,7 +34,6 @@ from headwater.collector.errors import Code, Rejected
 
 HEAD = struct.Struct("<IBI")
 HEAD_SIZE = HEAD.size
-LENGTH = struct.Struct("<I")
 # topic_len, partition (-1: the next in turn), count, last_offset_delta, first_ts, max_ts,
 # body_crc, body_len, ring position of the body (-1: inline, after the topic)
 BATCH = struct.Struct("<HiIIqqIIq")

@@ -132,7 +132,7 @@ async def serve(
         else:
             echo("headwater: no console (console.admin_token_hashes is empty)")
         echo("headwater: ready (stop with Ctrl-C or SIGTERM)")
-        await front.wait(stop)
+        await stop.wait()
         echo("headwater: stopping")
     finally:
         await sites.aclose()
@@ -168,9 +168,6 @@ class _Front:
 
     def set_readiness(self, readiness: Callable[[], dict[str, str]]) -> None:
         raise NotImplementedError
-
-    async def wait(self, stop: asyncio.Event) -> None:
-        await stop.wait()
 
     async def stop(self) -> None:
         raise NotImplementedError

@@ -28,7 +28,7 @@ from headwater.bus.embedded.consumer import EmbeddedConsumer
 from headwater.bus.embedded.lock import DirectoryLock
 from headwater.bus.embedded.offsets import GroupOffsets
 from headwater.bus.embedded.partition import Partition, now_ms
-from headwater.bus.embedded.writer import Done, LogWriter
+from headwater.bus.embedded.writer import Done, LogWriter, Parts
 from headwater.bus.errors import (
     BusClosed,
     InvalidArgument,
@@ -261,10 +261,22 @@ class EmbeddedBus(Bus):
                 (parts[p], fmt.encode(messages, stamp), _single(future, p, len(messages)))
             ]
         # every part is encoded before any is queued: a failure then appends nothing
-        gather = _Gather(future, len(messages), len(groups))
+        runs = list(groups.items())
+
+        def finish(bases: list[int], error: BaseException | None) -> None:
+            if error is not None:
+                future.set_exception(error)
+                return
+            positions: list[Position] = [Position(-1, -1)] * len(messages)
+            for (p, idx), base in zip(runs, bases, strict=True):
+                for j, i in enumerate(idx):
+                    positions[i] = Position(p, base + j)
+            future.set_result(positions)
+
+        gather = Parts(len(runs), finish)
         return future, [
-            (parts[p], fmt.encode([messages[i] for i in idx], stamp), gather.part(p, idx))
-            for p, idx in groups.items()
+            (parts[p], fmt.encode([messages[i] for i in idx], stamp), gather.part(k))
+            for k, (p, idx) in enumerate(runs)
         ]
 
     def flush(self, timeout: float | None = None) -> None:
@@ -435,31 +447,3 @@ def _single(future: Future[Sequence[Position]], p: int, n: int) -> Done:
             future.set_result(PositionRun(p, base, n))
 
     return done
-
-
-class _Gather:
-    """Resolves one future once every partition of a multi-partition append is durable."""
-
-    def __init__(self, future: Future[Sequence[Position]], n: int, parts: int) -> None:
-        self._future = future
-        self._positions: list[Position] = [Position(-1, -1)] * n
-        self._left = parts
-        self._error: BaseException | None = None
-        self._lock = threading.Lock()
-
-    def part(self, p: int, idx: list[int]) -> Done:
-        def done(base: int, error: BaseException | None) -> None:
-            with self._lock:
-                if error is None:
-                    for j, i in enumerate(idx):
-                        self._positions[i] = Position(p, base + j)
-                self._error = self._error or error
-                self._left -= 1
-                if self._left:
-                    return
-            if self._error is not None:
-                self._future.set_exception(self._error)
-            else:
-                self._future.set_result(self._positions)
-
-        return done

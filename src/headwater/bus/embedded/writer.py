@@ -44,6 +44,51 @@ def _tell(results: list[tuple[Done, int, BaseException | None]]) -> None:
         end()
 
 
+#: Told once every batch of an append has its outcome: the base offset of each batch (-1 for
+#: one that failed) and the first error, if any.
+Finish = Callable[[list[int], BaseException | None], None]
+
+
+class Parts:
+    """The batches of one append (one per partition, or a worker's request over several
+    topics): each batch's ``Done`` is ``part(i)``, and ``finish`` is called once, on the
+    writer's thread, when the last of them is told. ``round_end`` is passed on to the writer."""
+
+    __slots__ = ("_bases", "_error", "_finish", "_left", "_lock", "round_end")
+
+    def __init__(self, n: int, finish: Finish, round_end: Callable[[], None] | None = None) -> None:
+        self._bases = [-1] * n
+        self._left = n
+        self._error: BaseException | None = None
+        self._finish = finish
+        self._lock = threading.Lock()
+        self.round_end = round_end
+
+    def part(self, i: int) -> Done:
+        return _Part(self, i)
+
+    def _done(self, i: int, base: int, error: BaseException | None) -> None:
+        with self._lock:
+            self._bases[i] = base
+            self._error = self._error or error
+            self._left -= 1
+            if self._left:
+                return
+        self._finish(self._bases, self._error)
+
+
+class _Part:
+    __slots__ = ("i", "parts", "round_end")
+
+    def __init__(self, parts: Parts, i: int) -> None:
+        self.parts = parts
+        self.i = i
+        self.round_end = parts.round_end
+
+    def __call__(self, base: int, error: BaseException | None) -> None:
+        self.parts._done(self.i, base, error)
+
+
 class LogWriter:
     def __init__(
         self,
