@@ -253,18 +253,20 @@ def _start(cluster: KafkaCluster) -> None:
     cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
     formats = [_format(n, cluster.jars, cluster_id) for n in cluster.nodes]
     deadline = time.monotonic() + _FORMAT_TIMEOUT_S
-    for node, process in zip(cluster.nodes, formats, strict=True):
-        try:
-            code = process.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            code = -9
-        if code != 0:
-            raise KafkaStartError(
-                f"formatting the storage of Kafka broker {node.node_id} failed (exit {code}):\n"
-                f"{tail(node.directory / 'format.log')}"
-            )
+    try:
+        for node, process in zip(cluster.nodes, formats, strict=True):
+            try:
+                code = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                code = -9
+            if code != 0:
+                raise KafkaStartError(
+                    f"formatting the storage of Kafka broker {node.node_id} failed "
+                    f"(exit {code}):\n{tail(node.directory / 'format.log')}"
+                )
+    finally:  # one format failed or hung: the others are not left running
+        for process in formats:
+            stop_process(process, STOP_TIMEOUT_S, terminate_first=False)
     for node in cluster.nodes:
         node.process = _spawn(node, cluster.jars, cluster.jvm_options)
     cluster.wait_brokers()
