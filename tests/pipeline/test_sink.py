@@ -1,4 +1,4 @@
-"""The ``headwater_sink`` data source: a batch of events in four partitions, routed to two
+"""The sink's Spark job: a batch of events in four partitions, routed to two
 tables, run through the batch's program by the executors, staged (in chunks) and committed by
 the driver lands every row once in DuckDB and PostgreSQL; a task that fails midway (after
 staging some chunks) fails the job, the job's staging is discarded, and the batch run again
@@ -59,7 +59,6 @@ def frame(spark: Any) -> DataFrame:
 def setup(
     request: pytest.FixtureRequest, tmp_path: Path, spark: Any
 ) -> Iterator[tuple[HeadwaterConfig, Destination, BatchPlan]]:
-    sink.register(spark)
     dest = scratch_destination(request, str(request.param), tmp_path)
     dest["table_name_template"] = TEMPLATE
     config = HeadwaterConfig.model_validate(
@@ -122,36 +121,44 @@ def small_arrow_batches(spark: Any) -> Iterator[None]:
 
 
 class FailingSinkWriter(SinkWriter):
-    """The sink's writer, failing partition 2 after its fourth Arrow batch while the marker
-    file exists (after it staged chunks of its own)."""
+    """The sink's tasks, failing partition 2 after its fourth Arrow batch while the marker
+    file exists (after it staged chunks of its own), once partition 3, which runs beside it,
+    has finished (staged its parts and returned its message)."""
 
     marker = ""  # set by the test before the class is pickled (by value) to the workers
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Any:
-        return super().write(self._failing(iterator, Path(self.marker)))
-
-    @staticmethod
-    def _failing(iterator: Iterator[pa.RecordBatch], marker: Path) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
+        partition = ctx.partitionId() if ctx is not None else -1
+        message = super().write(self._failing(iterator, Path(self.marker), partition))
+        if partition == 3:
+            Path(f"{self.marker}.3-done").touch()
+        return message
+
+    @staticmethod
+    def _failing(
+        iterator: Iterator[pa.RecordBatch], marker: Path, partition: int
+    ) -> Iterator[pa.RecordBatch]:
         for i, batch in enumerate(iterator):
             yield batch
-            if i == 3 and ctx is not None and ctx.partitionId() == 2 and marker.exists():
+            if i == 3 and partition == 2 and marker.exists():
+                done = Path(f"{marker}.3-done")
+                deadline = time.monotonic() + 60
+                while not done.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)  # (a condition with a deadline: partition 3 finished)
                 raise RuntimeError("injected task failure")
-
-
-class FailingSink(sink.HeadwaterSink):
-    def writer(self, schema: Any, overwrite: bool) -> SinkWriter:
-        return FailingSinkWriter(sink.SinkOptions.parse(self.options))
 
 
 def test_a_failed_task_leaves_no_row_and_the_rerun_lands_each_once(
     spark: Any, setup: tuple[HeadwaterConfig, Destination, BatchPlan], tmp_path: Path
 ) -> None:
     """Local mode runs a task once (no ``spark.task.maxFailures`` there), so the failed task
-    fails the job: Spark aborts it (the finished tasks' parts are discarded), and the batch runs
-    again, as the writer retries it."""
+    fails the job: its staging is discarded (the failed task's by the task, the finished
+    tasks' by ``sink.run``), and the batch runs again, as the writer retries it. (A task
+    cancelled while it stages may still stage after that: such parts are in no message, so
+    never committed, and the writer's ``clean_staging`` removes them when it starts.)"""
     import pyspark.cloudpickle as cloudpickle
 
     config, d, planned = setup
@@ -162,21 +169,22 @@ def test_a_failed_task_leaves_no_row_and_the_rerun_lands_each_once(
     here = sys.modules[__name__]
     cloudpickle.register_pickle_by_value(here)  # the workers cannot import the test module
     try:
-        spark.dataSource.register(FailingSink)  # takes the sink's name
         with small_arrow_batches(spark), pytest.raises(Exception, match="injected task failure"):
-            sink.run(frame(spark), config, dest, 0, planned.program, chunk_rows=100)
+            sink.run(
+                frame(spark),
+                config,
+                dest,
+                0,
+                planned.program,
+                chunk_rows=100,
+                writer=FailingSinkWriter,
+            )
         assert landed(d) == {"events": [], "pages": []}
-        # the failed task discarded its chunks, abort the finished tasks', and sink.run what
-        # tasks cancelled with the job left (cancelled tasks may still be ending)
-        deadline = time.monotonic() + 30
-        while staging_left(d) and time.monotonic() < deadline:
-            d.clean_staging(dest.id)
-            time.sleep(0.2)
-        assert staging_left(d) == []
+        assert Path(f"{marker}.3-done").exists()  # a finished task had staged its parts ...
+        assert staging_left(d) == []  # ... which sink.run discarded with the failed task's
         marker.unlink()
         result = sink.run(frame(spark), config, dest, 0, planned.program, chunk_rows=400)
     finally:
-        sink.register(spark)
         cloudpickle.unregister_pickle_by_value(here)
     assert commit(d, config, planned, result.parts) is True
     assert landed(d) == EXPECTED

@@ -1,27 +1,30 @@
-"""The ``headwater_sink`` Spark data source: executors run a micro-batch's program over their
-rows and stage the result into the destination; the driver gets back what they staged and what
-they learned, to commit with its ledger.
+"""The sink's Spark job: executors run a micro-batch's program over their rows and stage the
+result into the destination; the driver gets back what they staged and what they learned, to
+commit with its ledger.
 
 Issue 8's rule is that no event row travels through the driver. Inside ``foreachBatch`` the
-writer saves the batch's source frame (the log's records, untouched) with
-``format("headwater_sink")``; each Spark task (``write``) runs the batch's ``Program``
-(``headwater.pipeline.task``: the steps as one DuckDB query per chunk of its Arrow batches),
-stages each table's rows in chunks (``Destination.stage``, in the task's own Python worker),
-appends the rows a step failed to the failed store, and returns the parts and a ``Summary`` as
-its commit message. Spark calls ``commit`` with every task's message once all succeeded, in a
-Python worker on the driver's machine, not in the driver's interpreter: it writes them to the
-``manifest`` file (atomically, by rename), which :func:`run` reads back. ``abort`` (a task failed
-for good) discards the parts the finished tasks staged; a failing task discards its own before
-it fails; a task Spark cancels (its worker is killed) cannot, so :func:`run` cleans the
-writer's staging when the job fails (and the writer calls ``clean_staging`` when it starts).
-Nothing staged here is visible before the caller commits it (``Destination.commit_staged``).
+writer runs the batch's source frame (the log's records, untouched, or ranges of them) through
+``mapInArrow`` with :meth:`SinkWriter.task`: each Spark task (``write``) runs the batch's
+``Program`` (``headwater.pipeline.task``: the steps as one DuckDB query per task), stages each
+table's rows in chunks (``Destination.stage``, in the task's own Python worker), appends the
+rows a step failed to the failed store, and returns the parts and a ``Summary`` as one row of
+JSON, its commit message. :func:`run` collects one message per task (Spark keeps one successful
+attempt of each) and returns them to the caller, which commits them
+(``Destination.commit_staged``); nothing staged is visible before that.
 
-Options: ``config`` (``HeadwaterConfig`` as JSON), ``destination`` (its id, also the ledger's
-writer id), ``batch_id``, ``program`` (``Program`` as JSON), ``manifest`` (a path on the
-driver's machine), ``mode`` (``task.MODES``), and for ``fail_all`` the ``failure`` (JSON
-``[step, code, reason]``); optionally ``chunkRows`` (rows per query and per staged part), and
-for destinations that deliver, ``holdNovel`` and ``only`` (``Positions`` as JSON: see
-``TaskRun``).
+This is the commit protocol of PySpark's Python data source writer (``write`` in the tasks, the
+messages to the driver) without that writer's planning processes: Spark runs a data source
+writer's ``writer()`` and ``commit()`` in Python processes of their own, a daemon and an idle
+worker each (~240 MB together), which were an eighth of the pipeline's memory
+(``docs/benchmarks.md``). A failing task discards what it staged before it fails; when the job
+fails, tasks Spark cancelled (their worker is killed, not asked) and finished ones may have left
+parts, so :func:`run` cleans the writer's staging (the writer also calls ``clean_staging`` when
+it starts).
+
+``SinkOptions``: the configuration (``HeadwaterConfig`` as JSON), the destination (its id, also
+the ledger's writer id), the batch id, the ``Program``, the ``mode`` (``task.MODES``), for
+``fail_all`` the ``failure`` (``[step, code, reason]``), the rows per query output and staged
+part, and for destinations that deliver, ``hold_novel`` and ``only`` (see ``TaskRun``).
 """
 
 from __future__ import annotations
@@ -29,30 +32,19 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import tempfile
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import DataSource, WriterCommitMessage
-
 from headwater.pipeline.positions import Positions
-from headwater.pipeline.program import CHUNK_ROWS, MODES, WRITE, Program
+from headwater.pipeline.program import CHUNK_ROWS, WRITE, Program
 
-try:  # PySpark 4.0+ hands Arrow batches to an Arrow writer
-    from pyspark.sql.datasource import DataSourceArrowWriter as _Writer
-except ImportError:  # pragma: no cover - older PySpark: rows
-    from pyspark.sql.datasource import DataSourceWriter as _Writer
-
-if TYPE_CHECKING:  # the rest is imported where it is used: the processes in which Spark plans
-    # and commits the write load this module too, and need none of it
+if TYPE_CHECKING:  # the rest is imported where it is used (the driver and the tasks need
+    # different parts of it)
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
 
     from headwater.config.model import HeadwaterConfig
     from headwater.delivery.frame import Buckets
@@ -64,18 +56,12 @@ if TYPE_CHECKING:  # the rest is imported where it is used: the processes in whi
 
 log = logging.getLogger(__name__)
 
-SINK_NAME = "headwater_sink"
-WARM_OPTION = "warm"  # set: the writer does nothing (see WarmWriter)
+MESSAGE = "message"  # the column of a task's commit message (JSON)
 MAIN_BUS, FAILED_BUS = "main", "failed"  # the buses ranges of records are on
 BUCKET, BUCKETS = "bucket", "buckets"  # a range row's bucket (see headwater.delivery.frame)
 
 _destinations: dict[tuple[str, str], Destination] = {}
 _destinations_lock = threading.Lock()
-
-
-def register(spark: SparkSession) -> None:
-    """Make ``format("headwater_sink")`` available on ``spark``."""
-    spark.dataSource.register(HeadwaterSink)
 
 
 def destination_for(config_json: str, destination_id: str) -> Destination:
@@ -102,11 +88,19 @@ def destination_config(config: HeadwaterConfig, destination_id: str) -> Destinat
 
 
 @dataclass
-class StagedMessage(WriterCommitMessage):
+class StagedMessage:
     """A task's commit message: the parts it staged and its summary, as JSON objects."""
 
     parts: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"parts": self.parts, "summary": self.summary})
+
+    @classmethod
+    def from_json(cls, text: str) -> StagedMessage:
+        data = json.loads(text)
+        return cls(data["parts"], data["summary"])
 
 
 @dataclass(frozen=True)
@@ -115,64 +109,25 @@ class SinkOptions:
     destination: str
     batch_id: int
     program: Program
-    manifest: str
-    mode: str
-    failure: tuple[str, str, str] | None
-    chunk_rows: int
+    mode: str = WRITE
+    failure: tuple[str, str, str] | None = None
+    chunk_rows: int = CHUNK_ROWS
     hold_novel: bool = False
     only: Positions | None = None
 
-    @classmethod
-    def parse(cls, options: Mapping[str, str]) -> SinkOptions:
-        wanted = ("config", "destination", "batch_id", "program", "manifest")
-        missing = [k for k in wanted if k not in options]
-        if missing:
-            raise ValueError(f"{SINK_NAME}: missing option(s) {', '.join(missing)}")
-        mode = options.get("mode", WRITE)
-        if mode not in MODES:
-            raise ValueError(f"{SINK_NAME}: unknown mode {mode!r} (one of {', '.join(MODES)})")
-        failure = json.loads(options["failure"]) if "failure" in options else None
-        return cls(
-            config_json=options["config"],
-            destination=options["destination"],
-            batch_id=int(options["batch_id"]),
-            program=Program.from_json(options["program"]),
-            manifest=options["manifest"],
-            mode=mode,
-            failure=tuple(failure) if failure else None,  # type: ignore[arg-type]
-            chunk_rows=int(options.get("chunkRows", CHUNK_ROWS)),
-            hold_novel=options.get("holdNovel") == "true",
-            only=Positions.from_json(json.loads(options["only"])) if "only" in options else None,
-        )
 
+class SinkWriter:
+    """What each task of the sink's job runs (pickled to the executors with its options)."""
 
-class HeadwaterSink(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return SINK_NAME
-
-    def writer(self, schema: StructType, overwrite: bool) -> _Writer:
-        if WARM_OPTION in self.options:
-            return WarmWriter()
-        return SinkWriter(SinkOptions.parse(self.options))
-
-
-class WarmWriter(_Writer):  # type: ignore[misc,valid-type]
-    """Writes and commits nothing: a job through it starts the Python processes that plan,
-    run and commit the sink's writes before the first batch needs them (``spark.warm_workers``)."""
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        for _ in iterator:
-            pass
-        return WriterCommitMessage()
-
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
-        pass
-
-
-class SinkWriter(_Writer):  # type: ignore[misc,valid-type]
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
+
+    def task(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """``mapInArrow``'s function: the task's rows in, its commit message out (one row)."""
+        import pyarrow as pa
+
+        message = self.write(batches)
+        yield pa.record_batch([pa.array([message.to_json()], pa.string())], names=[MESSAGE])
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedMessage:
         from headwater.pipeline.task import release_memory
@@ -236,29 +191,6 @@ class SinkWriter(_Writer):  # type: ignore[misc,valid-type]
                         dest.discard_staged(opts.destination, opts.batch_id, staged)
             raise
         return StagedMessage([p.to_json() for p in staged], summary.to_json())
-
-    def commit(self, messages: list[StagedMessage | None]) -> None:  # type: ignore[override]
-        done = [m for m in messages if m is not None]
-        write_manifest(
-            Path(self.options.manifest),
-            {"parts": [p for m in done for p in m.parts], "summaries": [m.summary for m in done]},
-        )
-
-    def abort(self, messages: list[StagedMessage | None]) -> None:  # type: ignore[override]
-        from headwater.destinations.base import StagedPart
-
-        opts = self.options
-        parts = [StagedPart.from_json(p) for m in messages if m is not None for p in m.parts]
-        if parts:
-            dest = destination_for(opts.config_json, opts.destination)
-            dest.discard_staged(opts.destination, opts.batch_id, parts)
-        log.warning(
-            "%s: batch %d of %s aborted, %d staged part(s) discarded",
-            SINK_NAME,
-            opts.batch_id,
-            opts.destination,
-            len(parts),
-        )
 
 
 def task_frame(df: DataFrame) -> tuple[DataFrame, list[dict[str, Any]] | None]:
@@ -367,13 +299,6 @@ def task_name() -> str:
     return f"s{ctx.stageId()}p{ctx.partitionId()}a{ctx.attemptNumber()}"
 
 
-def write_manifest(path: Path, content: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(json.dumps(content))
-    os.replace(tmp, path)
-
-
 @dataclass(frozen=True)
 class SinkResult:
     parts: list[StagedPart]
@@ -392,50 +317,42 @@ def run(
     chunk_rows: int | None = None,
     hold_novel: bool = False,
     only: Positions | None = None,
+    writer: type[SinkWriter] | None = None,
 ) -> SinkResult:
     """Run ``program`` over ``frame`` (the source's rows) in the executors: one Spark job.
     Returns the staged parts (``mode`` write) and the tasks' summaries merged. Raises what the
-    job raised (the parts of an aborted job are discarded)."""
+    job raised (what its tasks staged is discarded). ``writer``: the tasks' class (tests)."""
     from headwater.destinations.base import StagedPart
+    from headwater.pipeline.program import MODES
     from headwater.pipeline.task import Summary
 
-    fd, name = tempfile.mkstemp(prefix=f"hw-sink-{dest.id}-{batch_id}-", suffix=".json")
-    os.close(fd)
-    manifest = Path(name)
-    manifest.unlink()  # only the commit makes it
+    if mode not in MODES:
+        raise ValueError(f"unknown sink mode {mode!r} (one of {', '.join(MODES)})")
     config_json = config.model_dump_json()
+    options = SinkOptions(
+        config_json,
+        dest.id,
+        batch_id,
+        program,
+        mode,
+        failure,
+        chunk_rows or CHUNK_ROWS,
+        hold_novel,
+        only,
+    )
+    task = (writer or SinkWriter)(options).task
     try:
-        writer = (
-            frame.write.format(SINK_NAME)
-            .mode("append")
-            .option("config", config_json)
-            .option("destination", dest.id)
-            .option("batch_id", str(batch_id))
-            .option("program", program.to_json())
-            .option("manifest", str(manifest))
-            .option("mode", mode)
-        )
-        if failure is not None:
-            writer = writer.option("failure", json.dumps(list(failure)))
-        if chunk_rows is not None:
-            writer = writer.option("chunkRows", str(chunk_rows))
-        if hold_novel:
-            writer = writer.option("holdNovel", "true")
-        if only is not None:
-            writer = writer.option("only", json.dumps(only.to_json()))
-        try:
-            writer.save()
-        except BaseException:
-            # tasks that Spark cancelled when the job failed leave their chunks behind (their
-            # worker is killed, not asked): this writer's staging holds nothing else now
-            if mode == WRITE:
-                with contextlib.suppress(Exception):
-                    destination_for(config_json, dest.id).clean_staging(dest.id)
-            raise
-        content = json.loads(manifest.read_text())
-    finally:
-        manifest.unlink(missing_ok=True)
+        rows = frame.mapInArrow(task, f"{MESSAGE} string").collect()
+    except BaseException:
+        # tasks that Spark cancelled when the job failed leave their chunks behind (their
+        # worker is killed, not asked), and finished tasks theirs: this writer's staging holds
+        # nothing else now
+        if mode == WRITE:
+            with contextlib.suppress(Exception):
+                destination_for(config_json, dest.id).clean_staging(dest.id)
+        raise
+    messages = [StagedMessage.from_json(r[MESSAGE]) for r in rows]
     summary = Summary()
-    for s in content["summaries"]:
-        summary.merge(Summary.from_json(s))
-    return SinkResult([StagedPart.from_json(p) for p in content["parts"]], summary)
+    for m in messages:
+        summary.merge(Summary.from_json(m.summary))
+    return SinkResult([StagedPart.from_json(p) for m in messages for p in m.parts], summary)

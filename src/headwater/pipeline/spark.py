@@ -4,8 +4,7 @@ Local mode binds to loopback and runs the Python workers on this interpreter unl
 ``PYSPARK_PYTHON`` says otherwise. The PostgreSQL JDBC driver is put on the classpath when the
 Debian package's jar is there, and Spark's Kafka connector (fetched once from Maven Central, see
 :mod:`headwater.maven`) when the bus is Kafka. headwater's Spark data source
-(``format("headwater")``) and its sink (``format("headwater_sink")``) are registered on every
-session this module builds.
+(``format("headwater")``) is registered on every session this module builds.
 """
 
 from __future__ import annotations
@@ -119,18 +118,9 @@ def warm_workers(session: SparkSession) -> None:
     a first micro-batch (``headwater pipeline --once``) would otherwise wait for."""
     import logging
 
-    from headwater.pipeline.sink import SINK_NAME, WARM_OPTION
-
     cores = session.sparkContext.defaultParallelism
     try:
         session.range(0, cores, 1, cores).mapInArrow(_warm, "id long").collect()
-        # the processes that plan and commit the sink's writes (the first batch's write took
-        # 2.7 s on 1,000 events, the second destination's 0.2 s)
-        jvm = session.sparkContext._jvm  # py4j: this thread's JVM thread has no active session
-        assert jvm is not None
-        jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)
-        frame = session.range(0, cores, 1, cores)
-        frame.write.format(SINK_NAME).option(WARM_OPTION, "1").mode("append").save()
     except Exception:  # only a head start: the pipeline's own jobs say what is wrong
         logging.getLogger(__name__).debug("warming the Python workers failed", exc_info=True)
 
@@ -144,7 +134,6 @@ def _warm(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 
 def _register_sources(session: SparkSession) -> None:
-    from headwater.pipeline import sink, source
+    from headwater.pipeline import source
 
     source.register(session)
-    sink.register(session)
