@@ -14,8 +14,9 @@ Processes (all on loopback, all sharing this machine's cores):
 - the receiver: an aiohttp server (uvloop) answering every ``POST /hooks`` with 200 and a small
   JSON result (a sync response) and every ``POST /callback`` (the sender's callback endpoint)
   with 200; it notes when each message arrived;
-- headwater: the collector with its webhook intake and the webhook workers in one process on
-  the embedded log (what ``headwater up`` runs, without Spark), state embedded or Redis;
+- headwater as ``headwater up`` runs it, without Spark: the collector's intake (with the webhook
+  intake) in ``collector.workers`` processes, one per core, and the webhook workers in the
+  process that holds the embedded log; state embedded or Redis;
 - the load: this script, an aiohttp client (uvloop) with ``--concurrency`` requests in flight.
 
 Figures:
@@ -112,7 +113,7 @@ def receiver_main(port_file: Path) -> None:
 # -- headwater (a child process) ---------------------------------------------------------------
 def headwater_main(config_file: Path, port_file: Path) -> None:
     from headwater.config.loader import load_config
-    from headwater.ops.up import Listen, serve
+    from headwater.ops.up import Listen, run
 
     config = load_config(config_file)
 
@@ -120,7 +121,8 @@ def headwater_main(config_file: Path, port_file: Path) -> None:
         if line.startswith("headwater: health at "):
             port_file.write_text(line.split(" at ", 1)[1].removesuffix("/healthz"))
 
-    _run(serve(config, Listen("127.0.0.1", 0, None), echo=echo, with_webhooks=True))
+    # as `headwater up` runs it: the intake in `collector.workers` processes (one per core)
+    run(config, Listen("127.0.0.1", 0, None), echo=echo, with_webhooks=True)
 
 
 # -- the floor: the same three exchanges with no state and no log (a child process) ------------

@@ -364,6 +364,7 @@ def run(
     echo: Callable[[str], None] = print,
     *,
     with_pipeline: bool = False,
+    with_webhooks: bool | None = None,
 ) -> None:
     """Run ``serve`` to completion on uvloop where it is installed, with the intake in
     ``collector.workers`` processes forked first when there are more than one."""
@@ -381,7 +382,14 @@ def run(
             count,
         )
         workers.start()
-    main = serve(config, listen, echo, with_pipeline=with_pipeline, workers=workers)
+    main = serve(
+        config,
+        listen,
+        echo,
+        with_pipeline=with_pipeline,
+        with_webhooks=with_webhooks,
+        workers=workers,
+    )
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; asyncio's loop also works
