@@ -29,6 +29,12 @@ FAIL_ALL = "fail_all"  # fail every routed row (the destination refused the batc
 MODES = (WRITE, LEARN, FAIL_NOVEL, FAIL_ALL)
 
 
+def check_mode(mode: str) -> None:
+    """Raise ``ValueError`` unless ``mode`` is one of ``MODES``."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
+
+
 @dataclass(frozen=True)
 class Program:
     sql: str

@@ -15,14 +15,14 @@ attempt of each) and returns them to the caller, which commits them
 This is the commit protocol of PySpark's Python data source writer (``write`` in the tasks, the
 messages to the driver) without that writer's planning processes: Spark runs a data source
 writer's ``writer()`` and ``commit()`` in Python processes of their own, a daemon and an idle
-worker each (~240 MB together), which were an eighth of the pipeline's memory
+worker each (~235 MB together), which were an eighth of the pipeline's memory
 (``docs/benchmarks.md``). A failing task discards what it staged before it fails; when the job
 fails, tasks Spark cancelled (their worker is killed, not asked) and finished ones may have left
 parts, so :func:`run` cleans the writer's staging (the writer also calls ``clean_staging`` when
 it starts).
 
 ``SinkOptions``: the configuration (``HeadwaterConfig`` as JSON), the destination (its id, also
-the ledger's writer id), the batch id, the ``Program``, the ``mode`` (``task.MODES``), for
+the ledger's writer id), the batch id, the ``Program``, the ``mode`` (``program.MODES``), for
 ``fail_all`` the ``failure`` (``[step, code, reason]``), the rows per query output and staged
 part, and for destinations that deliver, ``hold_novel`` and ``only`` (see ``TaskRun``).
 """
@@ -35,11 +35,11 @@ import logging
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from headwater.pipeline.positions import Positions
-from headwater.pipeline.program import CHUNK_ROWS, WRITE, Program
+from headwater.pipeline.program import CHUNK_ROWS, WRITE, Program, check_mode
 
 if TYPE_CHECKING:  # the rest is imported where it is used (the driver and the tasks need
     # different parts of it)
@@ -91,8 +91,8 @@ def destination_config(config: HeadwaterConfig, destination_id: str) -> Destinat
 class StagedMessage:
     """A task's commit message: the parts it staged and its summary, as JSON objects."""
 
-    parts: list[dict[str, Any]] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
+    parts: list[dict[str, Any]]
+    summary: dict[str, Any]
 
     def to_json(self) -> str:
         return json.dumps({"parts": self.parts, "summary": self.summary})
@@ -114,6 +114,9 @@ class SinkOptions:
     chunk_rows: int = CHUNK_ROWS
     hold_novel: bool = False
     only: Positions | None = None
+
+    def __post_init__(self) -> None:
+        check_mode(self.mode)  # on the driver, before any task runs
 
 
 class SinkWriter:
@@ -323,22 +326,19 @@ def run(
     Returns the staged parts (``mode`` write) and the tasks' summaries merged. Raises what the
     job raised (what its tasks staged is discarded). ``writer``: the tasks' class (tests)."""
     from headwater.destinations.base import StagedPart
-    from headwater.pipeline.program import MODES
     from headwater.pipeline.task import Summary
 
-    if mode not in MODES:
-        raise ValueError(f"unknown sink mode {mode!r} (one of {', '.join(MODES)})")
     config_json = config.model_dump_json()
     options = SinkOptions(
         config_json,
         dest.id,
         batch_id,
         program,
-        mode,
-        failure,
-        chunk_rows or CHUNK_ROWS,
-        hold_novel,
-        only,
+        mode=mode,
+        failure=failure,
+        chunk_rows=chunk_rows or CHUNK_ROWS,
+        hold_novel=hold_novel,
+        only=only,
     )
     task = (writer or SinkWriter)(options).task
     try:

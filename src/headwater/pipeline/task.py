@@ -56,9 +56,9 @@ from headwater.pipeline.program import (
     FAIL_NOVEL,
     LEARN,
     LEARN_ROUTED,
-    MODES,
     WRITE,
     Program,
+    check_mode,
 )
 from headwater.pipeline.timing import timed
 
@@ -326,8 +326,7 @@ class TaskRun:
         """``hold_novel`` (WRITE): hand novel rows to nobody, note their places in the
         summary (``held``) instead; ``only`` (WRITE): handle only the rows at these places (the
         rest were handled by an earlier run of the batch)."""
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
+        check_mode(mode)
         self.program = program
         self.destination = destination
         self.mode = mode
