@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -48,8 +48,15 @@ class _Connection:
 
 
 class HttpClient:
-    def __init__(self, user_agent: str = "headwater") -> None:
+    def __init__(
+        self,
+        user_agent: str = "headwater",
+        before: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """``before``: awaited before each request is sent (the webhook workers commit their
+        state's changes there: a request is never sent ahead of what it depends on)."""
         self.user_agent = user_agent
+        self.before = before
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._ssl: ssl.SSLContext | None = None
         self._closed = False
@@ -75,6 +82,8 @@ class HttpClient:
         if body is not None or method in ("POST", "PUT", "PATCH"):
             head.append(f"Content-Length: {len(body or b'')}")
         payload = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (body or b"")
+        if self.before is not None:
+            await self.before()
         async with asyncio.timeout(timeout):
             conn = await self._connection(origin)
             try:

@@ -88,7 +88,10 @@ class Workers:
         and commit it."""
         self._stop, self._grace_s = stop, grace_s
         await asyncio.to_thread(self.create_topics)
-        async with HttpClient() as session:
+        # the state's changes on this loop are committed together, once per turn; a request
+        # waits for them (HttpClient's ``before``), and so do appends and offset commits
+        self.store.batch_on(asyncio.get_running_loop())
+        async with HttpClient(before=self.store.flush) as session:
             self.ctx = ctx = Receiving(
                 self.store,
                 self.config,
@@ -124,12 +127,14 @@ class Workers:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                self.store.batch_on(None)
 
     def _pending_topics(self) -> list[str]:
         return [self.names.pending_from_receiver(r.name) for r in self.config.receivers]
 
     # -- hand-offs: appended durably before the record that caused them is committed ----------
     async def _emit(self, topic: str, messages: Sequence[Message]) -> None:
+        await self.store.flush()  # the state change this hand-off follows, committed first
         await asyncio.wrap_future(self.bus.append(topic, messages))
 
     async def _respond(self, state: MessageState) -> None:
@@ -165,6 +170,7 @@ class Workers:
         for topic, out in routed:
             batches.setdefault(topic, []).append(out)
         if batches:
+            await self.store.flush()
             futures = self.bus.append_many(batches)
             await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
 
@@ -287,6 +293,7 @@ class Workers:
             while queue and queue[0][1].done() and not queue[0][1].cancelled():
                 offsets[tp] = queue.popleft()[0] + 1
         if offsets:
+            await self.store.flush()  # the changes of the steps done, before their offsets
             try:
                 await asyncio.get_running_loop().run_in_executor(pool, consumer.commit, offsets)
             except HeadwaterError as e:  # the partitions moved to another member: it reads

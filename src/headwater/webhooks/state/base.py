@@ -11,6 +11,7 @@ delivery, then the response. Every transition is timestamped.
 from __future__ import annotations
 
 import abc
+import asyncio
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -325,6 +326,16 @@ class StateStore(abc.ABC):
         """Take one request of ``receiver``'s rate limit (``requests`` per ``per_s`` seconds,
         evenly spaced: GCRA); 0 when taken, else how many seconds to wait before asking again.
         Shared by every worker of the store."""
+
+    def batch_on(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Let the changes made on ``loop``'s thread be committed together, once per turn of
+        the loop (None: each alone again); a backend may ignore it. Until ``flush`` returns,
+        such a change may not be committed yet."""
+        return None  # each change of this backend is committed when its call returns
+
+    async def flush(self) -> None:
+        """Wait until every change made so far is committed (see ``batch_on``)."""
+        return None
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -1,16 +1,27 @@
 """The embedded webhook state: SQLite in WAL mode in one file under ``data_dir`` (several
 processes on one machine may share it: writes take the database's lock). Each step that
 changes a message is one statement (``UPDATE ... WHERE <the status it may come from> RETURNING``),
-atomic by itself; the few that read, then write take ``BEGIN IMMEDIATE``."""
+atomic by itself; the few that read, then write run in a transaction (or a savepoint).
+
+Grouped changes (``batch_on``): the webhook workers' event loop makes many small changes, and a
+transaction of its own costs each of them about twice what the change does (measured: 253 ->
+154 us per message for a message's six statements, in transactions of 16 messages). On the
+loop's thread the changes then go into one transaction per turn of the loop, committed at the
+start of the next turn; ``flush`` waits for that commit, and the workers wait on it before
+anything the change must precede is seen outside (a request sent, a record appended, an offset
+committed). A change made on another thread commits at once, with the loop's open ones.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +42,7 @@ from headwater.webhooks.state.base import (
     statuses,
 )
 
+log = logging.getLogger(__name__)
 BUSY_TIMEOUT_S = 30.0
 CHECKPOINT_EVERY_S = 1.0
 _SCHEMA = """
@@ -80,6 +92,11 @@ class SqliteState(StateStore):
             path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
         self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None  # whose changes are grouped
+        self._loop_thread = 0
+        self._open = False  # a transaction of grouped changes is open
+        self._waiting: list[asyncio.Future[None]] = []  # ``flush``es of the open transaction
+        self._lost: sqlite3.Error | None = None  # a group's commit failed: it is gone
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at each checkpoint
         # checkpoints (copying the WAL back, with an fsync) run on a thread of their own, not
@@ -106,16 +123,86 @@ class SqliteState(StateStore):
         finally:
             conn.close()
 
+    # -- grouped changes ---------------------------------------------------------------------
+    def batch_on(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Group the changes made on ``loop``'s thread (call it there) into one transaction
+        per turn of the loop; None: each change commits alone again (the open group first)."""
+        with self._lock:
+            self._commit_group()
+            self._loop = loop
+            self._loop_thread = threading.get_ident() if loop is not None else 0
+
+    async def flush(self) -> None:
+        """Wait until every change made so far is committed. Once a group's commit failed,
+        every flush raises that error: what followed the lost changes must not be taken as
+        done (the workers stop, and read their uncommitted records again when restarted)."""
+        if self._lost is not None:
+            raise self._lost
+        if not self._open:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        await waiter
+
+    def _grouping(self) -> bool:
+        return self._loop is not None and threading.get_ident() == self._loop_thread
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """Where a change runs: in the loop's open group (opened here, committed at the next
+        turn), or alone (committing with it any group open on the loop's thread)."""
+        with self._lock:
+            if self._grouping():
+                if not self._open:
+                    self._conn.execute("BEGIN IMMEDIATE")
+                    self._open = True
+                    self._loop.call_soon(self._end_turn)  # type: ignore[union-attr]
+                yield self._conn
+                return
+            yield self._conn
+            self._commit_group()
+
+    def _end_turn(self) -> None:
+        with self._lock:
+            self._commit_group()
+
+    def _commit_group(self) -> None:
+        """Commit the open group (under ``_lock``) and wake its ``flush``es."""
+        if not self._open:
+            return
+        self._open = False
+        waiting, self._waiting = self._waiting, []
+        error: BaseException | None = None
+        try:
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as e:  # nothing of the group is kept: every flush from now fails
+            error = self._lost = e
+            log.error("webhooks state: a group of changes could not be committed: %s", e)
+            with suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
+        if waiting:
+            loop = self._loop
+            assert loop is not None
+            if threading.get_ident() == self._loop_thread:
+                _wake(waiting, error)
+            else:
+                with suppress(RuntimeError):  # the loop closed: nothing waits anymore
+                    loop.call_soon_threadsafe(_wake, waiting, error)
+
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
+        """A read-then-write step, atomic: its own transaction, or a savepoint in the group."""
+        with self._write() as c:
+            grouped = self._open
+            c.execute("SAVEPOINT step" if grouped else "BEGIN IMMEDIATE")
             try:
-                yield self._conn
+                yield c
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                c.execute("ROLLBACK TO step" if grouped else "ROLLBACK")
+                if grouped:
+                    c.execute("RELEASE step")
                 raise
-            self._conn.execute("COMMIT")
+            c.execute("RELEASE step" if grouped else "COMMIT")
 
     def arrive(
         self, source_id: str, message_id: str, receiver: str, payload: bytes, now: float
@@ -202,12 +289,12 @@ class SqliteState(StateStore):
             f" WHERE source_id = ? AND message_id = ? AND status IN ({marks}) RETURNING {_COLUMNS}"
         )
         args += [source_id, message_id, *(a.value for a in allowed)]
-        with self._lock:
-            # fetchall: the statement runs to its end, so its implicit transaction commits now
-            rows = self._conn.execute(sql, args).fetchall()
+        with self._write() as c:
+            # fetchall: the statement runs to its end (alone: its transaction commits now)
+            rows = c.execute(sql, args).fetchall()
             row = rows[0] if rows else None
             if row is None:
-                current = self._read(self._conn, source_id, message_id)
+                current = self._read(c, source_id, message_id)
         if row is not None:
             return _state(row)
         if current is None:
@@ -216,8 +303,8 @@ class SqliteState(StateStore):
 
     def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None:
         entry = json.dumps(attempt.__dict__)
-        with self._lock:
-            changed = self._conn.execute(
+        with self._write() as c:
+            changed = c.execute(
                 "UPDATE messages SET attempts = json_insert(attempts, '$[#]', json(?)), "
                 "sending_until = NULL WHERE source_id = ? AND message_id = ?",
                 (entry, source_id, message_id),
@@ -226,8 +313,8 @@ class SqliteState(StateStore):
             raise UnknownMessage(f"no message {source_id}/{message_id}")
 
     def schedule(self, kind: str, source_id: str, message_id: str, due_at: float) -> None:
-        with self._lock:
-            self._conn.execute(
+        with self._write() as c:
+            c.execute(
                 "INSERT INTO schedule (kind, source_id, message_id, due_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (kind, source_id, message_id) DO UPDATE SET due_at = excluded.due_at",
                 (kind, source_id, message_id, due_at),
@@ -257,25 +344,25 @@ class SqliteState(StateStore):
         return [(str(s), str(m)) for s, m in rows]
 
     def release(self, kind: str, source_id: str, message_id: str, leased_until: float) -> None:
-        with self._lock:
-            self._conn.execute(
+        with self._write() as c:
+            c.execute(
                 "DELETE FROM schedule WHERE kind = ? AND source_id = ? AND message_id = ? "
                 "AND due_at = ?",
                 (kind, source_id, message_id, leased_until),
             )
 
     def begin_send(self, state: MessageState, now: float, until: float) -> Claim:
-        with self._lock:
-            rows = self._conn.execute(
+        with self._write() as c:
+            rows = c.execute(
                 "UPDATE messages SET was_sending = sending_until, sending_until = ? "
                 "WHERE source_id = ? AND message_id = ? AND status = ? "
                 "AND json_array_length(attempts) = ? "
                 "AND (sending_until IS NULL OR sending_until <= ?) RETURNING was_sending",
                 (until, *state.key, state.status.value, len(state.attempts), now),
-            ).fetchall()  # to its end: the implicit transaction commits now
+            ).fetchall()  # to its end (alone: its transaction commits now)
             if rows:
                 return Claim.CLAIMED if rows[0][0] is None else Claim.INTERRUPTED
-            found = self._conn.execute(
+            found = c.execute(
                 "SELECT status, json_array_length(attempts) FROM messages "
                 "WHERE source_id = ? AND message_id = ?",
                 state.key,
@@ -353,16 +440,16 @@ class SqliteState(StateStore):
         return out
 
     def purge(self, before: float, limit: int = 1000) -> int:
-        with self._lock:
-            return self._conn.execute(
+        with self._write() as c:
+            return c.execute(
                 "DELETE FROM messages WHERE rowid IN (SELECT rowid FROM messages "
                 "WHERE status = 'DONE' AND updated_at < ? LIMIT ?)",
                 (before, limit),
             ).rowcount
 
     def set_receiver(self, name: str, disabled: bool, reason: str, now: float) -> None:
-        with self._lock:
-            self._conn.execute(
+        with self._write() as c:
+            c.execute(
                 "INSERT INTO receivers (name, disabled, reason, at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (name) DO UPDATE SET disabled = excluded.disabled, "
                 "reason = excluded.reason, at = excluded.at",
@@ -390,6 +477,7 @@ class SqliteState(StateStore):
         return 0.0
 
     def close(self) -> None:
+        self.batch_on(None)
         self._closed.set()
         self._checkpointer.join()
         with self._lock:
@@ -402,6 +490,16 @@ class SqliteState(StateStore):
             (source_id, message_id),
         ).fetchone()
         return None if row is None else _state(row)
+
+
+def _wake(waiting: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    for waiter in waiting:
+        if waiter.done():
+            continue
+        if error is None:
+            waiter.set_result(None)
+        else:
+            waiter.set_exception(error)
 
 
 def _state(row: tuple[Any, ...]) -> MessageState:

@@ -1,0 +1,123 @@
+"""The SQLite state's grouped changes (``batch_on``): changes made on the workers' loop are
+committed together once per turn of the loop, ``flush`` waits for that commit, a change made on
+another thread commits the open group with it, and a step that reads then writes stays atomic
+inside a group."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from headwater.webhooks.state import Status
+from headwater.webhooks.state.base import DELIVER
+from headwater.webhooks.state.sqlite import SqliteState
+
+
+def committed_status(path: Path, message_id: str) -> str | None:
+    """The status another process would read (its own connection)."""
+    conn = sqlite3.connect(path)
+    try:
+        row = conn.execute(
+            "SELECT status FROM messages WHERE source_id = 'app' AND message_id = ?",
+            (message_id,),
+        ).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else str(row[0])
+
+
+def test_changes_on_the_loop_commit_together_and_flush_waits_for_them(tmp_path: Path) -> None:
+    path = tmp_path / "webhooks.sqlite"
+    store = SqliteState(path)
+
+    async def main() -> None:
+        store.batch_on(asyncio.get_running_loop())
+        try:
+            store.arrive_many([("app", f"m{i}", "rx", b"{}") for i in range(3)], 1.0)
+            store.advance("app", "m0", Status.DELIVERED_TO_RECEIVER, 2.0)
+            # made, seen by this store, not committed yet: another process does not see them
+            state = store.get("app", "m0")
+            assert state is not None and state.status is Status.DELIVERED_TO_RECEIVER
+            assert committed_status(path, "m0") is None
+            await store.flush()
+            assert committed_status(path, "m0") == "DELIVERED_TO_RECEIVER"
+            assert committed_status(path, "m2") == "ARRIVED"
+            # a later turn opens a new group; nothing to wait for once it is committed
+            store.advance("app", "m1", Status.FAILED, 3.0, reason="gone")
+            assert committed_status(path, "m1") == "ARRIVED"
+            await asyncio.sleep(0)  # one turn: the group is committed without a flush
+            await asyncio.sleep(0)
+            assert committed_status(path, "m1") == "FAILED"
+            await store.flush()
+        finally:
+            store.batch_on(None)
+
+    try:
+        asyncio.run(main())
+        store.arrive("app", "alone", "rx", b"{}", 4.0)  # grouping off: committed at once
+        assert committed_status(path, "alone") == "ARRIVED"
+    finally:
+        store.close()
+
+
+def test_a_change_on_another_thread_commits_the_open_group(tmp_path: Path) -> None:
+    path = tmp_path / "webhooks.sqlite"
+    store = SqliteState(path)
+
+    async def main() -> None:
+        store.batch_on(asyncio.get_running_loop())
+        try:
+            store.arrive("app", "loop", "rx", b"{}", 1.0)
+            waiting = asyncio.ensure_future(store.flush())
+            done = threading.Event()
+
+            def elsewhere() -> None:  # e.g. an operator's retry from the console's thread
+                store.schedule(DELIVER, "app", "loop", 5.0)
+                # committed when the call returns, with the loop's group before it
+                assert committed_status(path, "loop") == "ARRIVED"
+                done.set()
+
+            thread = threading.Thread(target=elsewhere)
+            thread.start()
+            thread.join()
+            assert done.is_set()
+            await asyncio.wait_for(waiting, 5)
+        finally:
+            store.batch_on(None)
+
+    try:
+        asyncio.run(main())
+        assert store.take_due(DELIVER, 10.0, 10) == [("app", "loop")]
+    finally:
+        store.close()
+
+
+def test_a_read_then_write_step_is_atomic_inside_a_group(tmp_path: Path) -> None:
+    path = tmp_path / "webhooks.sqlite"
+    store = SqliteState(path)
+
+    async def main() -> None:
+        store.batch_on(asyncio.get_running_loop())
+        try:
+            store.arrive("app", "first", "rx", b"{}", 1.0)
+            with pytest.raises(RuntimeError), store._tx() as c:  # a step that fails midway
+                c.execute("DELETE FROM messages WHERE message_id = 'first'")
+                raise RuntimeError("the step failed")
+            # the failed step's change is undone; the group's other changes stay
+            assert store.get("app", "first") is not None
+            store.schedule(DELIVER, "app", "first", 2.0)
+            assert store.take_due(DELIVER, 3.0, 10) == [("app", "first")]
+            await store.flush()
+        finally:
+            store.batch_on(None)
+
+    try:
+        asyncio.run(main())
+        assert committed_status(path, "first") == "ARRIVED"
+        assert store.take_due(DELIVER, 3.0, 10) == []
+    finally:
+        store.close()
