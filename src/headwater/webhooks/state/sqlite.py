@@ -15,7 +15,6 @@ committed). A change made on another thread commits at once, with the loop's ope
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sqlite3
 import threading
@@ -212,7 +211,7 @@ class SqliteState(StateStore):
     def arrive_many(
         self, messages: list[tuple[str, str, str, bytes]], now: float
     ) -> list[tuple[bool, MessageState]]:
-        history = json.dumps([[Status.ARRIVED.value, now, ""]])
+        history = _json([[Status.ARRIVED.value, now, ""]])
         arrived = Status.ARRIVED.value
         out: list[tuple[bool, MessageState]] = []
         with self._tx() as c:
@@ -268,7 +267,7 @@ class SqliteState(StateStore):
         """One statement: the transition(s) appended, the attempt too, only from an allowed
         status; the row as it is now returned."""
         allowed, steps = path_to(status, via, retry)
-        entries = [json.dumps([step.value, now, reason]) for step in steps]
+        entries = [_json([step.value, now, reason]) for step in steps]
         pairs = ", ".join(["'$[#]', json(?)"] * len(entries))
         sql = (
             "UPDATE messages SET status = ?, updated_at = ?, reason = ?, "
@@ -283,7 +282,7 @@ class SqliteState(StateStore):
         ]
         if attempt is not None:
             sql += ", attempts = json_insert(attempts, '$[#]', json(?)), sending_until = NULL"
-            args.append(json.dumps(attempt.__dict__))
+            args.append(_json(attempt))
         marks = ", ".join("?" * len(allowed))
         sql += (
             f" WHERE source_id = ? AND message_id = ? AND status IN ({marks}) RETURNING {_COLUMNS}"
@@ -302,7 +301,7 @@ class SqliteState(StateStore):
         raise InvalidTransition(current.key, current.status, status)
 
     def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None:
-        entry = json.dumps(attempt.__dict__)
+        entry = _json(attempt)
         with self._write() as c:
             changed = c.execute(
                 "UPDATE messages SET attempts = json_insert(attempts, '$[#]', json(?)), "
@@ -492,6 +491,14 @@ class SqliteState(StateStore):
         return None if row is None else _state(row)
 
 
+_STATUS = {s.value: s for s in Status}
+
+
+def _json(value: object) -> str:
+    """JSON text for SQLite's json functions (text: a blob would not be JSON to them)."""
+    return orjson.dumps(value).decode()
+
+
 def _wake(waiting: list[asyncio.Future[None]], error: BaseException | None) -> None:
     for waiter in waiting:
         if waiter.done():
@@ -509,12 +516,12 @@ def _state(row: tuple[Any, ...]) -> MessageState:
         source_id=source_id,
         message_id=message_id,
         receiver=receiver,
-        status=Status(status),
+        status=_STATUS[status],
         payload=bytes(payload),
         created_at=created,
         updated_at=updated,
         reason=reason,
         response=bytes(response) if response is not None else None,
-        history=tuple(Transition(Status(s), at, r) for s, at, r in orjson.loads(history)),
+        history=tuple(Transition(_STATUS[s], at, r) for s, at, r in orjson.loads(history)),
         attempts=tuple(Attempt(**a) for a in orjson.loads(attempts)),
     )
