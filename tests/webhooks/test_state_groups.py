@@ -1,14 +1,16 @@
 """The SQLite state's grouped changes (``batch_on``): changes made on the workers' loop are
 committed together once per turn of the loop, ``flush`` waits for that commit, a change made on
 another thread commits the open group with it, and a step that reads then writes stays atomic
-inside a group."""
+inside a group; and processes opening a new state file at once."""
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,3 +123,32 @@ def test_a_read_then_write_step_is_atomic_inside_a_group(tmp_path: Path) -> None
         assert store.take_due(DELIVER, 3.0, 10) == []
     finally:
         store.close()
+
+
+def _open_and_close(path: str, barrier: Any, results: Any) -> None:
+    barrier.wait()
+    try:
+        SqliteState(Path(path)).close()
+        results.put("ok")
+    except Exception as e:
+        results.put(repr(e))
+
+
+def test_processes_opening_a_new_state_file_at_once_all_open_it(tmp_path: Path) -> None:
+    """``headwater up``'s intake workers open the state together on a new data dir: one of
+    them switching the file to WAL used to make another fail at once ("database is locked";
+    before the fix, about one start in three failed here)."""
+    ctx = multiprocessing.get_context("fork")
+    for trial in range(12):
+        path = tmp_path / f"trial-{trial}" / "webhooks.sqlite"
+        barrier, results = ctx.Barrier(4), ctx.Queue()
+        procs = [
+            ctx.Process(target=_open_and_close, args=(str(path), barrier, results))
+            for _ in range(4)
+        ]
+        for p in procs:
+            p.start()
+        outcomes = [results.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(60)
+        assert outcomes == ["ok"] * 4, f"trial {trial}: {outcomes}"

@@ -43,6 +43,7 @@ from headwater.webhooks.state.base import (
 
 log = logging.getLogger(__name__)
 BUSY_TIMEOUT_S = 30.0
+SET_UP_RETRY_S = 0.01
 CHECKPOINT_EVERY_S = 1.0
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -96,22 +97,41 @@ class SqliteState(StateStore):
         self._open = False  # a transaction of grouped changes is open
         self._waiting: list[asyncio.Future[None]] = []  # ``flush``es of the open transaction
         self._lost: sqlite3.Error | None = None  # a group's commit failed: it is gone
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at each checkpoint
-        # checkpoints (copying the WAL back, with an fsync) run on a thread of their own, not
-        # inside whichever commit crosses the WAL's size
-        self._conn.execute("PRAGMA wal_autocheckpoint=0")
         self._closed = threading.Event()
         self._checkpointer = threading.Thread(
             target=self._checkpoint, name="webhooks-state-checkpoint", daemon=True
         )
+        try:
+            self._set_up()
+        except BaseException:
+            self._conn.close()
+            raise
+        self._checkpointer.start()
+
+    def _set_up(self) -> None:
+        """WAL mode and the schema. Processes that open a new file at once (the intake
+        workers of ``headwater up``) may find it locked while one of them switches it to WAL,
+        which SQLite reports at once instead of waiting: they try again until the busy
+        timeout."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(SET_UP_RETRY_S)
+        self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at each checkpoint
+        # checkpoints (copying the WAL back, with an fsync) run on a thread of their own, not
+        # inside whichever commit crosses the WAL's size
+        self._conn.execute("PRAGMA wal_autocheckpoint=0")
         columns = {r[1] for r in self._conn.execute("PRAGMA table_info(messages)")}
         for column in ("sending_until", "was_sending"):  # a file from before these columns
             if columns and column not in columns:
                 self._conn.execute(f"ALTER TABLE messages ADD COLUMN {column} REAL")
         for statement in filter(str.strip, _SCHEMA.split(";")):
             self._conn.execute(statement)
-        self._checkpointer.start()
 
     def _checkpoint(self) -> None:
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
