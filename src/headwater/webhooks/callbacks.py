@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 
-from headwater.webhooks.config import SVIX_RETRY_SCHEDULE_S, ReceiverConfig
 from headwater.webhooks.delivery import Verdict, deliver, next_attempt_at
 from headwater.webhooks.receiving import SEND_GRACE_S, Receiving, Step, not_before
 from headwater.webhooks.state.base import (
@@ -30,7 +29,7 @@ from headwater.webhooks.state.base import (
 
 def callback_body(state: MessageState) -> bytes:
     raw = state.response or b""
-    try:
+    try:  # json, not orjson: a receiver's integers past 64 bits stay exact
         response = json.loads(raw) if raw.strip() else None
     except ValueError:
         response = {"text": raw.decode(errors="replace")}
@@ -54,13 +53,7 @@ async def to_sender(
     source = ctx.config.source(source_id)
     if source is None or source.callback_url is None:
         return _done(ctx, state)
-    # the callback's own endpoint, timeout and retries: a receiver-shaped config for delivery
-    endpoint = ReceiverConfig(
-        name=f"callback.{source.id}",
-        url=source.callback_url,
-        secret=source.secret,
-        retry_schedule_s=list(SVIX_RETRY_SCHEDULE_S),
-    )
+    endpoint = ctx.callback_endpoint(source)
     now = ctx.clock()
     due = not_before(state, CALLBACK, endpoint.retry_schedule_s, now) if from_topic else None
     if due is not None:  # a repeated record before the retry is due

@@ -32,7 +32,12 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from headwater.http_client import HttpClient
-from headwater.webhooks.config import ReceiverConfig, WebhooksConfig
+from headwater.webhooks.config import (
+    SVIX_RETRY_SCHEDULE_S,
+    ReceiverConfig,
+    WebhooksConfig,
+    WebhookSourceConfig,
+)
 from headwater.webhooks.delivery import (
     JITTER,
     Outcome,
@@ -83,6 +88,7 @@ class Receiving:
     failed: Hook | None = None
     clock: Callable[[], float] = time.time
     _signers: dict[tuple[str, ...], Signer] = field(default_factory=dict)
+    _callbacks: dict[str, ReceiverConfig] = field(default_factory=dict)
     _disabled: tuple[float, frozenset[str]] = (0.0, frozenset())
 
     def signer(self, endpoint: ReceiverConfig) -> Signer:
@@ -92,6 +98,19 @@ class Receiving:
         if signer is None:
             signer = self._signers[secrets] = Signer.from_secrets(secrets)
         return signer
+
+    def callback_endpoint(self, source: WebhookSourceConfig) -> ReceiverConfig:
+        """A sender's callback as a receiver-shaped endpoint (its URL, secrets, timeout and
+        Svix's retries) for delivery, made once per source."""
+        endpoint = self._callbacks.get(source.id)
+        if endpoint is None or endpoint.url != source.callback_url:
+            endpoint = self._callbacks[source.id] = ReceiverConfig(
+                name=f"callback.{source.id}",
+                url=source.callback_url or "",
+                secret=source.secret,
+                retry_schedule_s=list(SVIX_RETRY_SCHEDULE_S),
+            )
+        return endpoint
 
     async def rate_limited(self, receiver: ReceiverConfig) -> None:
         """Wait until the receiver's rate limit lets one more request through."""
