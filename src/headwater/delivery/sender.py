@@ -21,12 +21,12 @@ the same keys, and ``X-Headwater-Session``.
 from __future__ import annotations
 
 import asyncio
-import gzip
 import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from headwater.compression import gzip_compress
 from headwater.delivery.bodies import BodyFormat, Pack, split
 from headwater.delivery.config import HttpDeliveryConfig
 from headwater.delivery.metrics import Tally
@@ -105,7 +105,7 @@ class Sender:
         count = sum(p.count for p in packs)
         body = self.format.encode(session, packs)
         if self.config.compression == "gzip":
-            body = gzip.compress(body, compresslevel=self.config.compression_level)
+            body = gzip_compress(body, self.config.compression_level)
         headers = {**self.headers, SESSION_HEADER: session, IDEMPOTENCY_HEADER: key}
         retry = self.config.retry
         started = time.monotonic()
