@@ -160,7 +160,10 @@ class SqliteState(StateStore):
         if not self._open:
             return
         waiter = asyncio.get_running_loop().create_future()
-        self._waiting.append(waiter)
+        with self._lock:  # (another thread may commit the group meanwhile: then nothing waits)
+            if not self._open:
+                return
+            self._waiting.append(waiter)
         await waiter
 
     def _grouping(self) -> bool:
