@@ -6,6 +6,7 @@ inside a group; and connections opening a new state file at once."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sqlite3
 import threading
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from headwater.webhooks.state import Status
+from headwater.webhooks.state import sqlite as sqlite_state
 from headwater.webhooks.state.base import DELIVER
 from headwater.webhooks.state.sqlite import SqliteState
 
@@ -94,6 +96,45 @@ def test_a_change_on_another_thread_commits_the_open_group(tmp_path: Path) -> No
         assert store.take_due(DELIVER, 10.0, 10) == [("app", "loop")]
     finally:
         store.close()
+
+
+def test_another_process_writing_turns_the_groups_off_until_it_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group holds the write lock for the rest of its turn; once another connection (another
+    worker process) is seen committing, changes commit alone again, and group again once it
+    has been quiet for ``SHARED_S``."""
+    monkeypatch.setattr(sqlite_state, "SHARED_S", 0.3)
+    path = tmp_path / "webhooks.sqlite"
+    store, other = SqliteState(path), SqliteState(path)
+
+    async def main() -> None:
+        store.batch_on(asyncio.get_running_loop())
+        try:
+            store.arrive("app", "a", "rx", b"{}", 1.0)
+            await store.flush()  # grouped: nobody else has written
+            other.arrive("app", "b", "rx", b"{}", 1.0)  # another process commits
+            store.arrive("app", "c", "rx", b"{}", 1.0)
+            await store.flush()  # this group's commit sees the other's
+            store.arrive("app", "d", "rx", b"{}", 1.0)
+            assert committed_status(path, "d") == "ARRIVED"  # alone: committed at once
+            deadline = asyncio.get_running_loop().time() + 10
+            for n in itertools.count():  # quiet for SHARED_S: grouped again
+                store.arrive("app", f"e{n}", "rx", b"{}", 1.0)
+                if committed_status(path, f"e{n}") is None:
+                    break
+                assert asyncio.get_running_loop().time() < deadline, "never grouped again"
+                await asyncio.sleep(0.05)
+            await store.flush()
+            assert committed_status(path, f"e{n}") == "ARRIVED"
+        finally:
+            store.batch_on(None)
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+        other.close()
 
 
 def test_a_read_then_write_step_is_atomic_inside_a_group(tmp_path: Path) -> None:

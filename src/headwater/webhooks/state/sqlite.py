@@ -10,6 +10,12 @@ loop's thread the changes then go into one transaction per turn of the loop, com
 start of the next turn; ``flush`` waits for that commit, and the workers wait on it before
 anything the change must precede is seen outside (a request sent, a record appended, an offset
 committed). A change made on another thread commits at once, with the loop's open ones.
+
+A group holds the database's write lock for the rest of its turn, which under load is most of
+the time: another process writing the same file (several ``headwater webhooks`` on one
+machine) would rarely get in. So once another connection is seen to have committed (``PRAGMA
+data_version``), each change commits alone again, as before, until nobody else wrote for
+``SHARED_S``.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from headwater.webhooks.state.base import (
 log = logging.getLogger(__name__)
 BUSY_TIMEOUT_S = 30.0
 SET_UP_RETRY_S = 0.01
+SHARED_S = 10.0  # no groups for this long after another connection was seen writing
 CHECKPOINT_EVERY_S = 1.0
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -97,6 +104,8 @@ class SqliteState(StateStore):
         self._open = False  # a transaction of grouped changes is open
         self._waiting: list[asyncio.Future[None]] = []  # ``flush``es of the open transaction
         self._lost: sqlite3.Error | None = None  # a group's commit failed: it is gone
+        self._version: int | None = None  # PRAGMA data_version at the last look
+        self._shared_until = 0.0  # another connection wrote lately: no groups until then
         self._closed = threading.Event()
         self._checkpointer = threading.Thread(
             target=self._checkpoint, name="webhooks-state-checkpoint", daemon=True
@@ -167,7 +176,21 @@ class SqliteState(StateStore):
         await waiter
 
     def _grouping(self) -> bool:
-        return self._loop is not None and threading.get_ident() == self._loop_thread
+        """Whether a change made now joins the loop's group: on the loop's thread, unless
+        another connection (another worker process) wrote lately (under ``_lock``)."""
+        if self._loop is None or threading.get_ident() != self._loop_thread:
+            return False
+        if self._shared_until and time.monotonic() > self._shared_until:
+            # shared lately: group again once nobody else wrote for SHARED_S
+            self._shared_until = time.monotonic() + SHARED_S if self._others_wrote() else 0.0
+        return not self._shared_until
+
+    def _others_wrote(self) -> bool:
+        """Whether another connection committed since the last look (``data_version`` moves
+        with every commit but this connection's)."""
+        version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+        seen, self._version = self._version, version
+        return seen is not None and version != seen
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -197,6 +220,10 @@ class SqliteState(StateStore):
         error: BaseException | None = None
         try:
             self._conn.execute("COMMIT")
+            if self._others_wrote():  # another process writes too: leave it room
+                if not self._shared_until:
+                    log.info("webhooks state: another process writes %s too", self.path)
+                self._shared_until = time.monotonic() + SHARED_S
         except sqlite3.Error as e:  # nothing of the group is kept: every flush from now fails
             error = self._lost = e
             log.error("webhooks state: a group of changes could not be committed: %s", e)
