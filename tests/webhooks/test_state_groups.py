@@ -6,9 +6,11 @@ inside a group; and connections opening a new state file at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,23 @@ from headwater.webhooks.state import Status
 from headwater.webhooks.state import sqlite as sqlite_state
 from headwater.webhooks.state.base import DELIVER
 from headwater.webhooks.state.sqlite import SqliteState
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqliteState]:
+    opened = SqliteState(tmp_path / "webhooks.sqlite")
+    yield opened
+    opened.close()
+
+
+@contextlib.contextmanager
+def grouped(store: SqliteState) -> Iterator[None]:
+    """The store's changes on the running loop grouped (as the webhook workers have them)."""
+    store.batch_on(asyncio.get_running_loop())
+    try:
+        yield
+    finally:
+        store.batch_on(None)
 
 
 def committed_status(path: Path, message_id: str) -> str | None:
@@ -32,13 +51,11 @@ def committed_status(path: Path, message_id: str) -> str | None:
     return None if row is None else str(row[0])
 
 
-def test_changes_on_the_loop_commit_together_and_flush_waits_for_them(tmp_path: Path) -> None:
-    path = tmp_path / "webhooks.sqlite"
-    store = SqliteState(path)
+def test_changes_on_the_loop_commit_together_and_flush_waits_for_them(store: SqliteState) -> None:
+    path = store.path
 
     async def main() -> None:
-        store.batch_on(asyncio.get_running_loop())
-        try:
+        with grouped(store):
             store.arrive_many([("app", f"m{i}", "rx", b"{}") for i in range(3)], 1.0)
             store.advance("app", "m0", Status.DELIVERED_TO_RECEIVER, 2.0)
             # made, seen by this store, not committed yet: another process does not see them
@@ -55,24 +72,17 @@ def test_changes_on_the_loop_commit_together_and_flush_waits_for_them(tmp_path: 
             await asyncio.sleep(0)
             assert committed_status(path, "m1") == "FAILED"
             await store.flush()
-        finally:
-            store.batch_on(None)
 
-    try:
-        asyncio.run(main())
-        store.arrive("app", "alone", "rx", b"{}", 4.0)  # grouping off: committed at once
-        assert committed_status(path, "alone") == "ARRIVED"
-    finally:
-        store.close()
+    asyncio.run(main())
+    store.arrive("app", "alone", "rx", b"{}", 4.0)  # grouping off: committed at once
+    assert committed_status(path, "alone") == "ARRIVED"
 
 
-def test_a_change_on_another_thread_commits_the_open_group(tmp_path: Path) -> None:
-    path = tmp_path / "webhooks.sqlite"
-    store = SqliteState(path)
+def test_a_change_on_another_thread_commits_the_open_group(store: SqliteState) -> None:
+    path = store.path
 
     async def main() -> None:
-        store.batch_on(asyncio.get_running_loop())
-        try:
+        with grouped(store):
             store.arrive("app", "loop", "rx", b"{}", 1.0)
             waiting = asyncio.ensure_future(store.flush())
             done = threading.Event()
@@ -88,29 +98,23 @@ def test_a_change_on_another_thread_commits_the_open_group(tmp_path: Path) -> No
             thread.join()
             assert done.is_set()
             await asyncio.wait_for(waiting, 5)
-        finally:
-            store.batch_on(None)
 
-    try:
-        asyncio.run(main())
-        assert store.take_due(DELIVER, 10.0, 10) == [("app", "loop")]
-    finally:
-        store.close()
+    asyncio.run(main())
+    assert store.take_due(DELIVER, 10.0, 10) == [("app", "loop")]
 
 
 def test_another_process_writing_turns_the_groups_off_until_it_stops(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: SqliteState, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A group holds the write lock for the rest of its turn; once another connection (another
     worker process) is seen committing, changes commit alone again, and group again once it
     has been quiet for ``SHARED_S``."""
     monkeypatch.setattr(sqlite_state, "SHARED_S", 0.3)
-    path = tmp_path / "webhooks.sqlite"
-    store, other = SqliteState(path), SqliteState(path)
+    path = store.path
+    other = SqliteState(path)
 
     async def main() -> None:
-        store.batch_on(asyncio.get_running_loop())
-        try:
+        with grouped(store):
             store.arrive("app", "a", "rx", b"{}", 1.0)
             await store.flush()  # grouped: nobody else has written
             other.arrive("app", "b", "rx", b"{}", 1.0)  # another process commits
@@ -127,23 +131,18 @@ def test_another_process_writing_turns_the_groups_off_until_it_stops(
                 await asyncio.sleep(0.05)
             await store.flush()
             assert committed_status(path, f"e{n}") == "ARRIVED"
-        finally:
-            store.batch_on(None)
 
     try:
         asyncio.run(main())
     finally:
-        store.close()
         other.close()
 
 
-def test_a_read_then_write_step_is_atomic_inside_a_group(tmp_path: Path) -> None:
-    path = tmp_path / "webhooks.sqlite"
-    store = SqliteState(path)
+def test_a_read_then_write_step_is_atomic_inside_a_group(store: SqliteState) -> None:
+    path = store.path
 
     async def main() -> None:
-        store.batch_on(asyncio.get_running_loop())
-        try:
+        with grouped(store):
             store.arrive("app", "first", "rx", b"{}", 1.0)
             with pytest.raises(RuntimeError), store._tx() as c:  # a step that fails midway
                 c.execute("DELETE FROM messages WHERE message_id = 'first'")
@@ -153,15 +152,10 @@ def test_a_read_then_write_step_is_atomic_inside_a_group(tmp_path: Path) -> None
             store.schedule(DELIVER, "app", "first", 2.0)
             assert store.take_due(DELIVER, 3.0, 10) == [("app", "first")]
             await store.flush()
-        finally:
-            store.batch_on(None)
 
-    try:
-        asyncio.run(main())
-        assert committed_status(path, "first") == "ARRIVED"
-        assert store.take_due(DELIVER, 3.0, 10) == []
-    finally:
-        store.close()
+    asyncio.run(main())
+    assert committed_status(path, "first") == "ARRIVED"
+    assert store.take_due(DELIVER, 3.0, 10) == []
 
 
 def test_connections_opening_a_new_state_file_at_once_all_open_it(tmp_path: Path) -> None:

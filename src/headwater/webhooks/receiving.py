@@ -103,7 +103,7 @@ class Receiving:
         """A sender's callback as a receiver-shaped endpoint (its URL, secrets, timeout and
         Svix's retries) for delivery, made once per source."""
         endpoint = self._callbacks.get(source.id)
-        if endpoint is None or endpoint.url != source.callback_url:
+        if endpoint is None:
             endpoint = self._callbacks[source.id] = ReceiverConfig(
                 name=f"callback.{source.id}",
                 url=source.callback_url or "",

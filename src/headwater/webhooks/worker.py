@@ -28,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from headwater.bus.base import Bus, Consumer
@@ -133,25 +133,28 @@ class Workers:
         return [self.names.pending_from_receiver(r.name) for r in self.config.receivers]
 
     # -- hand-offs: appended durably before the record that caused them is committed ----------
-    async def _emit(self, topic: str, messages: Sequence[Message]) -> None:
-        await self.store.flush()  # the state change this hand-off follows, committed first
-        await asyncio.wrap_future(self.bus.append(topic, messages))
+    async def _emit(self, batches: Mapping[str, Sequence[Message]]) -> None:
+        """Append hand-offs, each topic's in one batch, once the state changes they follow
+        are committed."""
+        await self.store.flush()
+        futures = self.bus.append_many(batches)
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
 
     async def _respond(self, state: MessageState) -> None:
         out = WebhookMessage(
             state.source_id, state.message_id, state.receiver, state.response or b""
         )
-        await self._emit(self.names.to_sender, [out.to_message()])
+        await self._emit({self.names.to_sender: [out.to_message()]})
 
     async def _pending(self, state: MessageState) -> None:
         out = WebhookMessage(state.source_id, state.message_id, state.receiver, b"")
-        await self._emit(self.names.pending_from_receiver(state.receiver), [out.to_message()])
+        await self._emit({self.names.pending_from_receiver(state.receiver): [out.to_message()]})
 
     async def _failed(self, state: MessageState) -> None:
         out = WebhookMessage(
             state.source_id, state.message_id, state.receiver, state.payload, state.reason
         )
-        await self._emit(self.names.failed_messages, [out.to_message()])
+        await self._emit({self.names.failed_messages: [out.to_message()]})
 
     # -- the steps, one record each -----------------------------------------------------------
     async def _from_sender(self, records: list[Record]) -> None:
@@ -170,9 +173,7 @@ class Workers:
         for topic, out in routed:
             batches.setdefault(topic, []).append(out)
         if batches:
-            await self.store.flush()
-            futures = self.bus.append_many(batches)
-            await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+            await self._emit(batches)
 
     def _receiving(self, receiver: ReceiverConfig) -> Handle:
         async def handle(record: Record) -> None:

@@ -11,11 +11,14 @@ delivery, then the response. Every transition is timestamped.
 from __future__ import annotations
 
 import abc
-import asyncio
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from headwater.errors import TerminalError
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 class Status(StrEnum):

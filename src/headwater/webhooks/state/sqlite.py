@@ -128,7 +128,7 @@ class SqliteState(StateStore):
                 self._conn.execute("PRAGMA journal_mode=WAL")
                 break
             except sqlite3.OperationalError as e:
-                if "locked" not in str(e) or time.monotonic() > deadline:
+                if e.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
                     raise
                 time.sleep(SET_UP_RETRY_S)
         self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at each checkpoint
