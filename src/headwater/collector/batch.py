@@ -12,7 +12,6 @@ differ only in the id, which is always 36 bytes, so a run's headers blob is one 
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from functools import lru_cache
 from itertools import groupby
@@ -93,7 +92,7 @@ def encode_events(
         values,
         blobs,
     )
-    return fmt.EncodedBatch(body, zlib.crc32(body), n, n - 1, ts, ts)
+    return fmt.EncodedBatch(body, fmt.crc32(body), n, n - 1, ts, ts)
 
 
 @lru_cache(maxsize=1024)

