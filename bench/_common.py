@@ -153,6 +153,21 @@ def bench_directory(parent: Path | None, prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
 
 
+@contextlib.contextmanager
+def scratch_directory(parent: Path | None, prefix: str, *, keep: bool = False) -> Iterator[Path]:
+    """``bench_directory``, removed at the end unless ``keep``: a run's logs are hundreds of MB
+    to GBs, and runs that leave them fill the disk (a nearly full filesystem made this
+    machine's fdatasyncs ~4x slower)."""
+    directory = bench_directory(parent, prefix)
+    try:
+        yield directory
+    finally:
+        if keep:
+            progress(f"kept {directory}")
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
 # -- meters -----------------------------------------------------------------------------------
 def _machine_jiffies() -> tuple[int, int]:
     """(busy, total) jiffies of every CPU of the machine, from /proc/stat."""

@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +54,6 @@ from _common import (
     Meter,
     MiB,
     ThreadSamples,
-    bench_directory,
     emit_json,
     find_py_spy,
     fmt_number,
@@ -64,6 +63,7 @@ from _common import (
     print_table,
     progress,
     py_spy_record,
+    scratch_directory,
 )
 from headwater.bus.base import Bus
 from headwater.bus.embedded import format as log_format
@@ -1290,16 +1290,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-@contextmanager
-def _directory(args: argparse.Namespace) -> Iterator[Path]:
-    directory = bench_directory(args.dir, "bench-bus-")
-    try:
-        yield directory
-    finally:
-        if args.keep:
-            progress(f"kept {directory}")
-        else:
-            shutil.rmtree(directory, ignore_errors=True)
+def _directory(args: argparse.Namespace) -> AbstractContextManager[Path]:
+    return scratch_directory(args.dir, "bench-bus-", keep=args.keep)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -47,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import bench_directory, print_table, progress
+from _common import print_table, progress, scratch_directory
 
 PIPELINE_TOPIC = "events-delivery"
 SLOW_BATCH_BYTES = 65_536  # bodies of the 50 ms receiver's cases: many requests per session
@@ -399,17 +399,18 @@ def main() -> None:
     parser.add_argument("--skip-task", action="store_true")
     parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
     if args.role == "receiver":
         receiver_main(args.port_file, args.delay_ms)
         return
-    directory = bench_directory(args.dir, "delivery-")
-    if not args.skip_task:
-        task_case(args, directory)
-    if not args.skip_pipeline:
-        rows = pipeline_cases(args, directory)
-        print(f"{args.pipeline_events} events through the pipeline (local[2])")
-        print(print_table(["run", "events/s", "x bare", "receiver ms"], rows))
+    with scratch_directory(args.dir, "delivery-", keep=args.keep) as directory:
+        if not args.skip_task:
+            task_case(args, directory)
+        if not args.skip_pipeline:
+            rows = pipeline_cases(args, directory)
+            print(f"{args.pipeline_events} events through the pipeline (local[2])")
+            print(print_table(["run", "events/s", "x bare", "receiver ms"], rows))
 
 
 def task_case(args: argparse.Namespace, directory: Path) -> None:

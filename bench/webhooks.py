@@ -53,7 +53,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import bench_directory, emit_json, machine_info, percentile, print_table, progress
+from _common import (
+    emit_json,
+    machine_info,
+    percentile,
+    print_table,
+    progress,
+    scratch_directory,
+)
 
 SECRET = "whsec_" + base64.b64encode(b"b" * 32).decode()
 KEY = "bench-key"
@@ -314,12 +321,11 @@ def write_config(directory: Path, receiver: str, state: dict[str, Any]) -> Path:
     return path
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     import urllib.request
 
     from headwater.testing.redis import start_redis
 
-    directory = bench_directory(args.dir, "webhooks-")
     n = args.messages or (5_000 if args.quick else 20_000)
     results: dict[str, Any] = {"machine": machine_info(directory), "messages": n}
     with child("receiver", directory) as (_, port), start_redis() as redis:
@@ -425,6 +431,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--format", choices=["text", "json"], default="text")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
     if args.role == "receiver":
         receiver_main(args.port_file)
@@ -436,7 +443,8 @@ def main() -> None:
         headwater_main(args.config, args.port_file)
         return
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    results = run(args)
+    with scratch_directory(args.dir, "webhooks-", keep=args.keep) as directory:
+        results = run(args, directory)
     if args.format == "json":
         emit_json(results)
     else:
