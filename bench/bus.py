@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1290,15 +1290,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _directory(args: argparse.Namespace) -> AbstractContextManager[Path]:
-    return scratch_directory(args.dir, "bench-bus-", keep=args.keep)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     seconds = args.seconds if args.seconds is not None else (1.0 if args.quick else 3.0)
     started = time.perf_counter()
-    with _directory(args) as directory:
+    with scratch_directory(args.dir, "bench-bus-", keep=args.keep) as directory:
         batch = make_batch()
         run = Run(
             args=args,

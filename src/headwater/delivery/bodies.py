@@ -88,7 +88,6 @@ class BodyFormat:
             raise ValueError(f"unknown body format {name!r}")
         self.name = name
         self.session_info = session_info or {}
-        self.timed = name == "dataset"  # whether an item holds the event's time
 
     def fixed(self, session: str) -> int:
         """Bytes of a body besides its items (the last item's separator is not sent)."""
@@ -112,7 +111,7 @@ class BodyFormat:
 
     def items(self, texts: pa.Array, ts_ns: pa.Array) -> pa.Array:
         """Every event's item, in one pass (``texts``: the events' JSON, as text; ``ts_ns``:
-        int64, read only when the format is ``timed``)."""
+        int64)."""
         if self.name == "ndjson":
             return pc.binary_join_element_wise(texts, "", "\n")
         if self.name == "json":

@@ -43,7 +43,6 @@ _QUEUED_CHUNKS = 2
 _PUT_WAIT_S = 0.1  # how often a blocked ``add`` looks whether the delivery has stopped
 
 Items = list[tuple[str, Pack | Event]]
-Keyed = list[tuple[str, int, int]]  # a session's key, where its rows start and stop
 
 
 def items(rows: pa.Table, default_key: str, fmt: BodyFormat, room: int) -> Items:
@@ -56,39 +55,35 @@ def items(rows: pa.Table, default_key: str, fmt: BodyFormat, room: int) -> Items
         return []
     stamps = _array(rows.column(ARCHIVE_TIMESTAMP))
     factor = _NANOS.get(getattr(stamps.type, "unit", "us"), 1_000)
-    nanos = pc.multiply(stamps.cast(pa.int64()), factor) if fmt.timed else stamps
+    nanos = pc.multiply(stamps.cast(pa.int64()), factor)
     texts = _array(rows.column(ARCHIVE_EVENT))
     if pa.types.is_large_string(texts.type):  # Spark's, with useLargeVarTypes: a chunk is small
         texts = texts.cast(pa.string())
-    order, keyed = _sessions(rows, default_key)
-    if order is not None:  # the rows in session order, before their items are made: one copy
-        picked = pa.array(order)
-        texts = texts.take(picked)
-        nanos = nanos.take(picked) if fmt.timed else nanos
-    else:
+    order, keys, bounds = _sessions(rows, default_key)
+    if order is None:
         order = np.arange(n)
+    else:  # the rows in session order, before their items are made: one copy
+        picked = pa.array(order)
+        texts, nanos = texts.take(picked), nanos.take(picked)
     made = fmt.items(texts, nanos)
     offsets = np.frombuffer(made.buffers()[1], np.int32, n + 1, made.offset * 4).astype(np.int64)
     data = memoryview(made.buffers()[2])  # type: ignore[union-attr]
-    starts = np.fromiter((start for _, start, _ in keyed), np.int64, len(keyed))
-    sizes = np.diff(np.append(starts, n))
-    ends = offsets[1:] - np.repeat(offsets[starts], sizes)  # each item's end in its group
     at_byte = offsets.tolist()
     big = np.flatnonzero(np.diff(offsets) > room)  # rows too large for a batch
-    first, last = np.searchsorted(big, starts), np.searchsorted(big, starts + sizes)
+    first, last = np.searchsorted(big, bounds[:-1]), np.searchsorted(big, bounds[1:])
     out: Items = []
-    for g, (key, start, stop) in enumerate(keyed):
+    groups = zip(keys, bounds[:-1], bounds[1:], first.tolist(), last.tolist(), strict=True)
+    for key, start, stop, lo, hi in groups:
         at = start
-        for b in [*big[first[g] : last[g]].tolist(), stop]:
+        for b in [*big[lo:hi].tolist(), stop]:
             if b > at:
                 base = at_byte[at]
-                run = ends[at:b] if at == start else offsets[at + 1 : b + 1] - base
+                run = offsets[at + 1 : b + 1] - base
                 out.append((key, Pack(data[base : at_byte[b]], run, (rows, order[at:b]))))
             if b < stop:  # too large for a batch: alone, as an event, to be trimmed
-                i = int(order[b])
-                text = rows.column(ARCHIVE_EVENT)[i].as_py().encode()
-                ts = int(nanos[b].as_py() or 0) if fmt.timed else 0
-                out.append((key, Event(text, ts, (rows, np.array([i])))))
+                text = texts[b].as_py().encode()
+                source = (rows, order[b : b + 1])
+                out.append((key, Event(text, int(nanos[b].as_py() or 0), source)))
             at = b + 1
     return out
 
@@ -98,26 +93,24 @@ def _array(column: pa.ChunkedArray) -> pa.Array:
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
-def _sessions(rows: pa.Table, default_key: str) -> tuple[np.ndarray | None, Keyed]:
+def _sessions(rows: pa.Table, default_key: str) -> tuple[np.ndarray | None, list[str], list[int]]:
     """The order that groups ``rows`` by session (each group in the rows' order; None: they
-    are one group already) and each group's ``(key, start, stop)`` in that order."""
+    are one group already), each group's key, and where the groups start in that order (with
+    the row count last)."""
     n = rows.num_rows
     if SESSION_COLUMN not in rows.column_names:
-        return None, [(default_key, 0, n)]
-    keys = pc.fill_null(_array(rows.column(SESSION_COLUMN)), default_key)
-    encoded = pc.dictionary_encode(keys)
+        return None, [default_key], [0, n]
+    encoded = pc.dictionary_encode(pc.fill_null(_array(rows.column(SESSION_COLUMN)), default_key))
     names = encoded.dictionary.to_pylist()
     if len(names) == 1:
-        return None, [(names[0], 0, n)]
+        return None, names, [0, n]
     codes = encoded.indices.to_numpy(zero_copy_only=False)
     if len(names) <= np.iinfo(np.int16).max:
         codes = codes.astype(np.int16)  # numpy sorts 16-bit keys by radix: ~8x faster
     order = np.argsort(codes, kind="stable")
     codes = codes[order]
     starts = np.concatenate(([0], np.flatnonzero(np.diff(codes)) + 1))
-    stops = np.concatenate((starts[1:], [n]))
-    groups = zip(codes[starts].tolist(), starts.tolist(), stops.tolist(), strict=True)
-    return order, [(names[code], start, stop) for code, start, stop in groups]
+    return order, [names[c] for c in codes[starts].tolist()], [*starts.tolist(), n]
 
 
 _NANOS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
