@@ -109,15 +109,18 @@ class BodyFormat:
         ts = str(event.ts_ns).zfill(_TS_DIGITS).encode()
         return b'{"ts":"' + ts + b'","attrs":' + event.data + b"},"
 
-    def items(self, texts: pa.Array, ts_ns: pa.Array) -> pa.Array:
+    def items(
+        self, texts: pa.Array, ts_ns: pa.Array, memory_pool: pa.MemoryPool | None = None
+    ) -> pa.Array:
         """Every event's item, in one pass (``texts``: the events' JSON, as text; ``ts_ns``:
         int64)."""
         if self.name == "ndjson":
-            return pc.binary_join_element_wise(texts, "", "\n")
+            return pc.binary_join_element_wise(texts, "", "\n", memory_pool=memory_pool)
         if self.name == "json":
-            return pc.binary_join_element_wise(texts, "", ",")
+            return pc.binary_join_element_wise(texts, "", ",", memory_pool=memory_pool)
         ts = pc.utf8_lpad(pc.cast(pc.fill_null(ts_ns, 0), pa.string()), _TS_DIGITS, "0")
-        return pc.binary_join_element_wise('{"ts":"', ts, '","attrs":', texts, "},", "")
+        parts = ('{"ts":"', ts, '","attrs":', texts, "},", "")
+        return pc.binary_join_element_wise(*parts, memory_pool=memory_pool)
 
     def pack(self, events: Sequence[Event]) -> Pack:
         """A pack of single events (their ``source`` kept per event)."""
