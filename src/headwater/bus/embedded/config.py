@@ -45,6 +45,16 @@ class EmbeddedBusConfig(Section):
     index_interval_bytes: int = Field(
         4096, gt=0, description="Add a sparse index entry every this many bytes of a segment."
     )
+    page_cache_bytes: int = Field(
+        256 * MiB,
+        ge=0,
+        description="How much of each partition's most recent, fdatasync'd data stays in the "
+        "page cache; older synced data is dropped from it (posix_fadvise DONTNEED), so the log "
+        "writes into memory it has just freed instead of filling the machine's page cache. "
+        "On VMs that hand freed memory back to the host (virtio-balloon free page reporting) "
+        "writing into never-touched memory is several times slower. 0 keeps everything "
+        "(leaves it to the OS).",
+    )
     max_record_bytes: int = Field(
         MiB, gt=0, description="Largest record (key + value + headers) accepted."
     )

@@ -7,6 +7,7 @@ durability that is what has been fdatasync'd, otherwise what has been written.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -162,16 +163,20 @@ class Partition:
                 return self.synced_offset
             self._dirty = False
             upto = self.next_offset
-            segs = [*self._unsynced, self.segments[-1]]
+            segs = [(seg, seg.size) for seg in (*self._unsynced, self.segments[-1])]
             self._unsynced = []
         try:
-            for seg in segs:
+            for seg, _ in segs:
                 seg.sync()
         except OSError:
             with self.lock:
                 self._dirty = True
             raise
         self.synced_offset = max(self.synced_offset, upto)
+        if keep := self.config.page_cache_bytes:
+            for seg, size in segs:
+                with contextlib.suppress(OSError):  # (a segment retention has just closed)
+                    seg.drop_cached(size, keep)
         return upto
 
     def mark_durable(self, upto: int) -> None:

@@ -25,6 +25,8 @@ INDEX_MAGIC = b"HWI2"
 # magic, next_offset, max_timestamp, records, entries, the segment's size it describes
 _INDEX_HEAD = struct.Struct("<4sqqqIq")
 SCAN_CHUNK = 1 << 20
+DROP_STEP = 8 << 20  # drop synced data from the page cache in steps of at least this
+_DROP_ALIGN = 1 << 20
 
 
 def segment_name(base_offset: int) -> str:
@@ -50,6 +52,7 @@ class Segment:
         self._index_interval = 4096
         self._readers = 0
         self._retired = False
+        self._dropped = 0  # the page cache holds nothing of the file before this byte
         self._lock = threading.Lock()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -178,6 +181,16 @@ class Segment:
 
     def sync(self) -> None:
         os.fdatasync(self.fd)
+
+    def drop_cached(self, synced: int, keep: int) -> None:
+        """Drop the file's bytes more than ``keep`` before ``synced`` (a size known to be
+        fdatasync'd, so clean pages) from the page cache; in steps of ``DROP_STEP`` or more."""
+        upto = (synced - keep) & ~(_DROP_ALIGN - 1)
+        if upto - self._dropped < DROP_STEP:
+            return
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, self._dropped, upto - self._dropped, os.POSIX_FADV_DONTNEED)
+        self._dropped = upto
 
     def truncate(self, size: int) -> None:
         os.ftruncate(self.fd, size)
