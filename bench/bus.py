@@ -625,7 +625,10 @@ def disk_sequential(
 ) -> DiskFigure:
     """Append ``volume`` bytes in ``chunk``-byte writes to a new file, fdatasync after every
     ``every`` writes (and at the end); the median of ``reps`` repetitions after one discarded
-    warm-up (on this VM the first pass onto fresh blocks is several times slower)."""
+    warm-up. (On this VM the first pass is several times slower: its page cache comes from
+    memory the guest has not touched yet, or has handed back to the host through the balloon
+    device's free page reporting, and the first touch of such memory is slow. The passes after
+    it reuse the pages the one before freed.)"""
     data = os.urandom(chunk)
     count = max(1, volume // chunk)
     times: list[float] = []
