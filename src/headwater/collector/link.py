@@ -32,6 +32,9 @@ RELEASE_EVERY_S = 1.0
 FLUSH_PARTS = 64  # frame parts queued that are sent at once (about 16 appends)
 
 
+_Release = Callable[[], None] | None
+
+
 class LinkClosed(BusUnavailable):
     """The process that holds the log is gone."""
 
@@ -53,8 +56,10 @@ class Link(asyncio.Protocol):
         self._frames = wire.Frames()
         self._out: list[bytes] = []  # frames to send at the end of this turn of the loop
         self._flushing = False
-        # id -> (the answer's future, how to read the answer: a value, or raise)
-        self._waiting: dict[int, tuple[asyncio.Future[Any], Callable[[memoryview], Any]]] = {}
+        # id -> (the answer's future, how to read the answer: a value, or raise, and what to
+        # release once the log has answered: an append's ring regions)
+        self._waiting: dict[int, tuple[asyncio.Future[Any], Callable[[memoryview], Any], _Release]]
+        self._waiting = {}
         self._next = 0
         self._topics: dict[str, int] = {}
         self.notice: dict[str, Any] = {}
@@ -92,9 +97,13 @@ class Link(asyncio.Protocol):
         for kind, ident, payload in self._frames.feed(data):
             if kind == wire.RESULT:
                 waiting = self._waiting.pop(ident, None)
-                if waiting is None or waiting[0].done():
+                if waiting is None:
                     continue
-                future, read = waiting
+                future, read, release = waiting
+                if release is not None:
+                    release()  # the log has written the bodies: their ring regions are free
+                if future.done():  # (cancelled by its caller: the answer is not wanted)
+                    continue
                 try:
                     future.set_result(read(payload))
                 except Exception as e:
@@ -106,7 +115,9 @@ class Link(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
-        for future, _ in self._waiting.values():
+        for future, _, release in self._waiting.values():
+            if release is not None:
+                release()  # nobody reads the ring any more
             if not future.done():
                 future.set_exception(LinkClosed("the process that holds the log has gone"))
         self._waiting.clear()
@@ -141,41 +152,47 @@ class Link(asyncio.Protocol):
             self._transport.write(b"".join(out))
 
     def _request(
-        self, data: Callable[[int], bytes | Sequence[bytes]], read: Callable[[memoryview], Any]
+        self,
+        data: Callable[[int], bytes | Sequence[bytes]],
+        read: Callable[[memoryview], Any],
+        release: _Release = None,
     ) -> asyncio.Future[Any]:
         self._next = (self._next + 1) & 0xFFFFFFFF
         ident = self._next
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._send(data(ident))
-        self._waiting[ident] = (future, read)
+        self._waiting[ident] = (future, read, release)
         return future
 
     def append(
         self, batches: Sequence[tuple[str, int | None, fmt.EncodedBatch]]
     ) -> asyncio.Future[list[int]]:
         """Send encoded batches now (queued all or none), their bodies through the shared
-        ring where they fit; their base offsets once durable."""
+        ring where they fit; their base offsets once durable.
+
+        The bodies' ring regions are freed when the log answers (or the link ends), not when
+        the future is done: a caller that cancels its future (a request cancelled while it
+        waits) must not let the ring reuse bytes the log has yet to write."""
         size = sum(len(b.body) for _, _, b in batches)
         self._promised = max(0, self._promised - size)
         ring = self._ring
         at = [None if ring is None else ring.put(b.body) for _, _, b in batches]
         used = [a for a in at if a is not None]
-        try:
-            future = self._request(lambda ident: wire.append_frame(ident, batches, at), _bases)
-        except BaseException:
-            for a in used:
-                ring.free(a)  # type: ignore[union-attr]
-            raise
-        self.pending_bytes += size
 
-        def answered(_: object) -> None:
+        def release() -> None:
             self.pending_bytes -= size
             for a in used:
                 ring.free(a)  # type: ignore[union-attr]
             self._grant()
 
-        future.add_done_callback(answered)
-        return future
+        self.pending_bytes += size
+        try:
+            return self._request(
+                lambda ident: wire.append_frame(ident, batches, at), _bases, release
+            )
+        except BaseException:
+            release()
+            raise
 
     def _fits(self, nbytes: int) -> bool:
         queued = self.pending_bytes + self._promised

@@ -1,0 +1,132 @@
+"""An intake worker's link to the log (``collector.link`` with ``collector.host`` and a real
+embedded log, in one process): an append's body stays in the shared ring until the log has
+written it, even when the request that made it is cancelled first."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from headwater.bus.embedded import format as fmt
+from headwater.bus.embedded.backend import EmbeddedBus
+from headwater.bus.embedded.config import EmbeddedBusConfig
+from headwater.bus.embedded.partition import Partition
+from headwater.bus.errors import BusUnavailable
+from headwater.bus.records import Message
+from headwater.collector.host import LogHost
+from headwater.collector.limits import Connections
+from headwater.collector.link import Link, LinkClosed
+from headwater.collector.ring import Ring, shared_mapping
+
+TOPIC = "t"
+
+
+@pytest.fixture
+def bus(tmp_path: Path) -> Iterator[EmbeddedBus]:
+    with EmbeddedBus(tmp_path / "log", EmbeddedBusConfig(default_partitions=1)) as b:
+        b.create_topic(TOPIC)
+        yield b
+
+
+class HeldWriter:
+    """Holds the log's writer inside its first ``Partition.write`` until released."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        real = Partition.write
+        first = [True]
+
+        def write(partition: Partition, batches: list[fmt.EncodedBatch]) -> list[int]:
+            if first[0]:
+                first[0] = False
+                self.entered.set()
+                self.release.wait(30)
+            return real(partition, batches)
+
+        monkeypatch.setattr(Partition, "write", write)
+
+
+def batch(value: bytes) -> fmt.EncodedBatch:
+    return fmt.encode([Message(value) for _ in range(10)], 1_700_000_000_000)
+
+
+async def connected(bus: EmbeddedBus) -> tuple[Link, Ring, LogHost]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    mapping = shared_mapping(1 << 20)
+    host = LogHost(bus, Connections(10, 10))
+    host.attach(0, ours, mapping)
+    ring = Ring(mapping)
+    link = await Link.connect(theirs, list, ring)
+    return link, ring, host
+
+
+async def wait_until(condition: Any, seconds: float = 10) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+def test_a_cancelled_append_keeps_its_ring_region_until_the_log_has_written_it(
+    bus: EmbeddedBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = HeldWriter(monkeypatch)
+
+    async def scenario() -> None:
+        link, ring, host = await connected(bus)
+        try:
+            future = link.append([(TOPIC, 0, batch(b"first" * 40))])
+            assert await asyncio.to_thread(held.entered.wait, 10)  # the log is writing it
+            future.cancel()  # as when the request waiting for it is cancelled
+            await asyncio.sleep(0)
+            # the region is still taken: the ring neither gives its pages back (which would
+            # zero the body) nor hands the space to another append
+            assert not ring.release_if_idle()
+            assert link.pending_bytes > 0
+            held.release.set()
+            await wait_until(lambda: link.pending_bytes == 0)  # answered: now it is free
+            assert ring.release_if_idle()
+            second = await link.append([(TOPIC, 0, batch(b"second" * 40))])
+            assert second == [10]
+        finally:
+            held.release.set()
+            link.close()
+            host.close()
+
+    asyncio.run(scenario())
+    values = [r.value for r in bus.read(TOPIC, 0, 0, max_records=100)]
+    assert values == [b"first" * 40] * 10 + [b"second" * 40] * 10
+
+
+def test_a_lost_link_fails_the_appends_waiting_and_frees_their_regions(
+    bus: EmbeddedBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = HeldWriter(monkeypatch)
+
+    async def scenario() -> None:
+        link, ring, host = await connected(bus)
+        try:
+            future = link.append([(TOPIC, 0, batch(b"x" * 100))])
+            assert await asyncio.to_thread(held.entered.wait, 10)
+            assert link._transport is not None
+            link._transport.abort()  # the process holding the log is gone
+            with pytest.raises(LinkClosed):
+                await asyncio.wait_for(future, 10)
+            assert link.pending_bytes == 0
+            assert ring.release_if_idle()
+            with pytest.raises(BusUnavailable):
+                link.append([(TOPIC, 0, batch(b"y"))])
+        finally:
+            held.release.set()
+            link.close()
+            host.close()
+
+    asyncio.run(scenario())
