@@ -5,9 +5,10 @@ written it, even when the request that made it is cancelled first."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +58,26 @@ def batch(value: bytes) -> fmt.EncodedBatch:
     return fmt.encode([Message(value) for _ in range(10)], 1_700_000_000_000)
 
 
-async def connected(bus: EmbeddedBus) -> tuple[Link, Ring, LogHost]:
+@contextlib.asynccontextmanager
+async def held_append(
+    bus: EmbeddedBus, held: HeldWriter, value: bytes
+) -> AsyncIterator[tuple[Link, Ring, asyncio.Future[list[int]]]]:
+    """A link to ``bus`` with one append of ``value`` that the log's writer holds; the link and
+    its host are closed (and the writer let go) at the end."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     mapping = shared_mapping(1 << 20)
     host = LogHost(bus, Connections(10, 10))
     host.attach(0, ours, mapping)
     ring = Ring(mapping)
     link = await Link.connect(theirs, list, ring)
-    return link, ring, host
+    try:
+        future = link.append([(TOPIC, 0, batch(value))])
+        assert await asyncio.to_thread(held.entered.wait, 10)  # the log is writing it
+        yield link, ring, future
+    finally:
+        held.release.set()
+        link.close()
+        host.close()
 
 
 async def wait_until(condition: Any, seconds: float = 10) -> None:
@@ -81,10 +94,7 @@ def test_a_cancelled_append_keeps_its_ring_region_until_the_log_has_written_it(
     held = HeldWriter(monkeypatch)
 
     async def scenario() -> None:
-        link, ring, host = await connected(bus)
-        try:
-            future = link.append([(TOPIC, 0, batch(b"first" * 40))])
-            assert await asyncio.to_thread(held.entered.wait, 10)  # the log is writing it
+        async with held_append(bus, held, b"first" * 40) as (link, ring, future):
             future.cancel()  # as when the request waiting for it is cancelled
             await asyncio.sleep(0)
             # the region is still taken: the ring neither gives its pages back (which would
@@ -96,10 +106,6 @@ def test_a_cancelled_append_keeps_its_ring_region_until_the_log_has_written_it(
             assert ring.release_if_idle()
             second = await link.append([(TOPIC, 0, batch(b"second" * 40))])
             assert second == [10]
-        finally:
-            held.release.set()
-            link.close()
-            host.close()
 
     asyncio.run(scenario())
     values = [r.value for r in bus.read(TOPIC, 0, 0, max_records=100)]
@@ -112,10 +118,7 @@ def test_a_lost_link_fails_the_appends_waiting_and_frees_their_regions(
     held = HeldWriter(monkeypatch)
 
     async def scenario() -> None:
-        link, ring, host = await connected(bus)
-        try:
-            future = link.append([(TOPIC, 0, batch(b"x" * 100))])
-            assert await asyncio.to_thread(held.entered.wait, 10)
+        async with held_append(bus, held, b"x" * 100) as (link, ring, future):
             assert link._transport is not None
             link._transport.abort()  # the process holding the log is gone
             with pytest.raises(LinkClosed):
@@ -124,9 +127,5 @@ def test_a_lost_link_fails_the_appends_waiting_and_frees_their_regions(
             assert ring.release_if_idle()
             with pytest.raises(BusUnavailable):
                 link.append([(TOPIC, 0, batch(b"y"))])
-        finally:
-            held.release.set()
-            link.close()
-            host.close()
 
     asyncio.run(scenario())
