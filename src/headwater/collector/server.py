@@ -1,8 +1,9 @@
-"""The collector's servers: HTTP + WebSocket on aiohttp, and gRPC on its own port.
+"""The collector's servers: HTTP on aiohttp, WebSocket on the collector's own protocol (and on
+aiohttp for an upgrade that is not its connection's first request), and gRPC on its own port.
 
-aiohttp was chosen by measurement (``docs/server-stack.md``): the lightest WebSocket connections
-(about 15 KB each idle), the fastest WebSocket path, and a clean close with code 1001 on
-shutdown.
+aiohttp was chosen by measurement (``docs/server-stack.md``). A connection whose first request
+is a WebSocket upgrade is taken before aiohttp sees it (``collector.websocket``): an idle
+WebSocket then holds no parsed request, parser, queue or task.
 
 WebSocket connections are kept alive by one task for all of them: every ``ping_interval_s`` it
 pings each connection and closes those that have sent nothing (not even a pong) for
@@ -20,11 +21,13 @@ import contextlib
 import logging
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
+from headwater.collector import websocket
 from headwater.collector.deadline import TIMEOUT_RESPONSE, HeadDeadline
 from headwater.collector.errors import Rejected
 from headwater.collector.grpc_server import GrpcServer
@@ -38,17 +41,21 @@ MAX_IN_FLIGHT = 64  # requests one WebSocket connection may have outstanding
 WS_PATH = "/api/v1/events"
 
 
-class _Socket:
-    """A WebSocket connection's server-side state."""
+class _Socket(websocket.Listener):
+    """A WebSocket connection's server-side state; ``ws`` is the collector's own
+    ``websocket.WebSocket`` or, for an upgrade on a reused connection, aiohttp's."""
 
-    __slots__ = ("conn", "in_flight", "last_seen", "ws")  # (no __dict__: memory)
+    __slots__ = ("backlog", "conn", "in_flight", "last_seen", "server", "ws")  # (no __dict__)
 
-    def __init__(self, ws: web.WebSocketResponse, conn: Connection) -> None:
-        self.ws = ws
-        self.conn = conn
+    def __init__(self, server: CollectorServer, conn: Connection | None) -> None:
+        self.server = server
+        self.conn = conn  # None until the connection is admitted
+        self.ws: Any = None
         self.last_seen = time.monotonic()
         # requests being answered; None while there are none (an idle connection holds no set)
         self.in_flight: set[asyncio.Task[None]] | None = None
+        # messages read while MAX_IN_FLIGHT are being answered (reading is paused meanwhile)
+        self.backlog: deque[bytes | str] | None = None
 
     def add(self, task: asyncio.Task[None]) -> None:
         if self.in_flight is None:
@@ -56,14 +63,45 @@ class _Socket:
         self.in_flight.add(task)
         task.add_done_callback(self._done)
 
+    def full(self) -> bool:
+        return self.in_flight is not None and len(self.in_flight) >= MAX_IN_FLIGHT
+
     def _done(self, task: asyncio.Task[None]) -> None:
         if self.in_flight is not None:
             self.in_flight.discard(task)
             if not self.in_flight:
                 self.in_flight = None
+        backlog = self.backlog
+        if backlog is not None:
+            while backlog and not self.full():
+                self.server._start(self, backlog.popleft())
+            if not backlog:
+                self.backlog = None
+                self.ws.resume_reading()
 
     def tasks(self) -> list[asyncio.Task[None]]:
         return list(self.in_flight) if self.in_flight else []
+
+    # -- websocket.Listener (the collector's own connections) -----------------------------
+    def message(self, data: bytes | str) -> None:
+        if self.conn is None:  # (refused: only its close frame is read)
+            return
+        if self.backlog is None and not self.full():
+            self.server._start(self, data)
+            return
+        if self.backlog is None:
+            self.backlog = deque()
+            self.ws.pause_reading()
+        self.backlog.append(data)
+
+    def seen(self) -> None:
+        self.last_seen = time.monotonic()
+
+    def failed(self, failure: websocket.Failure) -> None:
+        self.server._note_error(self, failure.reason, failure.code == websocket.TOO_BIG)
+
+    def ended(self) -> None:
+        self.server._ended(self)
 
 
 class CollectorServer:
@@ -83,6 +121,7 @@ class CollectorServer:
         self.grpc_port = grpc_port
         self._echo = echo
         self._sockets: set[_Socket] = set()
+        self._background: set[asyncio.Task[None]] = set()  # admissions and releases of sockets
         self._runner: web.AppRunner | None = None
         self._grpc: GrpcServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -123,13 +162,12 @@ class CollectorServer:
         server = self._runner.server
         assert server is not None
         # Our own listener (not a TCPSite) so that every connection's request head is timed.
+        protocol = self._deadline.factory(server, self._upgrade)
         if self.sock is not None:
-            self._listener = await loop.create_server(
-                self._deadline.factory(server), sock=self.sock
-            )
+            self._listener = await loop.create_server(protocol, sock=self.sock)
         else:
             self._listener = await loop.create_server(
-                self._deadline.factory(server), self.host, self.port, reuse_address=True
+                protocol, self.host, self.port, reuse_address=True
             )
         if self._listener.sockets:
             self.port = self._listener.sockets[0].getsockname()[1]
@@ -163,9 +201,15 @@ class CollectorServer:
         pending = [t for s in self._sockets for t in s.tasks()]
         if pending:
             await asyncio.wait(pending, timeout=grace)
-        for s in list(self._sockets):
-            with contextlib.suppress(Exception):
-                await s.ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+        await asyncio.gather(
+            *(
+                s.ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+                for s in list(self._sockets)
+            ),
+            return_exceptions=True,
+        )
+        if self._background:  # connections being admitted or released
+            await asyncio.wait(list(self._background), timeout=grace)
         if self._listener is not None:
             self._listener.close()  # stop accepting; open connections are the runner's to end
         if self._runner is not None:
@@ -235,7 +279,78 @@ class CollectorServer:
         )
 
     # -- WebSocket --------------------------------------------------------------------------
+    def _upgrade(self, head: bytes, transport: asyncio.Transport) -> bool | None:
+        """A connection's first bytes: take it if they are a WebSocket upgrade to ``WS_PATH``
+        (``HeadDeadline``'s hook)."""
+        upgrade = websocket.take_upgrade(head, WS_PATH)
+        if not isinstance(upgrade, websocket.Upgrade):
+            return upgrade
+        sock = _Socket(self, None)
+        frames = websocket.Frames(self.collector.config.limits.max_frame_bytes, upgrade.extensions)
+        ws = sock.ws = websocket.WebSocket(frames, sock)
+        transport.set_protocol(ws)
+        ws.connection_made(transport)
+        ws.pause_reading()  # until the connection is admitted
+        self._in_background(self._admit(sock, upgrade, transport))
+        return True
+
+    def _in_background(self, work: Any) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _admit(
+        self, sock: _Socket, upgrade: websocket.Upgrade, transport: asyncio.Transport
+    ) -> None:
+        peer = transport.get_extra_info("peername")
+        remote = peer[0] if isinstance(peer, tuple) else ""
+        ws: websocket.WebSocket = sock.ws
+        try:
+            conn = await self.collector.open_connection(upgrade.headers, remote)
+        except Rejected as e:
+            self.collector.metrics.rejected(e.kind)
+            transport.write(upgrade.response)
+            with contextlib.suppress(ConnectionError):
+                await ws.send_bytes(raccoon.error_response_bytes(e))
+            ws.resume_reading()  # for the client's close frame (new messages are not taken)
+            await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=e.reason[:120].encode())
+            return
+        except Exception:
+            log.exception("could not admit a WebSocket connection")
+            transport.close()
+            return
+        if ws.closed:  # the client left while it waited
+            self.collector.close_connection(conn)
+            return
+        sock.conn = conn
+        transport.write(upgrade.response)
+        self._sockets.add(sock)
+        if upgrade.rest:
+            ws.data_received(upgrade.rest)
+        ws.resume_reading()
+
+    def _start(self, sock: _Socket, data: bytes | str) -> None:
+        sock.add(asyncio.create_task(self._answer(sock, data)))
+
+    def _ended(self, sock: _Socket) -> None:
+        """One of the collector's own connections is gone: release it once its requests are
+        answered (they are stored)."""
+        self._sockets.discard(sock)
+        sock.backlog = None
+        if sock.conn is None:
+            return
+        if sock.in_flight:
+            self._in_background(self._release(sock))
+        else:
+            self.collector.close_connection(sock.conn)
+
+    async def _release(self, sock: _Socket) -> None:
+        await asyncio.wait(sock.tasks())
+        assert sock.conn is not None
+        self.collector.close_connection(sock.conn)
+
     async def _websocket(self, request: web.BaseRequest) -> web.StreamResponse:
+        """An upgrade on a connection that served HTTP requests first, on aiohttp."""
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
             conn = await self.collector.open_connection(headers, request.remote or "")
@@ -245,12 +360,11 @@ class CollectorServer:
         ws = web.WebSocketResponse(
             autoping=False, max_msg_size=self.collector.config.limits.max_frame_bytes
         )
-        sock = _Socket(ws, conn)
+        sock = _Socket(self, conn)
+        sock.ws = ws
         try:
             await ws.prepare(request)
             self._sockets.add(sock)
-            # (the frames are read here, not in a helper coroutine: an idle connection then
-            # holds one coroutine frame less)
             while await self._frame(sock, await ws.receive()):
                 pass
             if sock.in_flight:  # the client went away: let its requests finish (they are stored)
@@ -278,23 +392,22 @@ class CollectorServer:
             while sock.in_flight and len(sock.in_flight) >= MAX_IN_FLIGHT:  # (no semaphore per
                 # connection: memory)
                 await asyncio.wait(sock.tasks(), return_when=asyncio.FIRST_COMPLETED)
-            sock.add(asyncio.create_task(self._answer(sock, msg.data)))
+            self._start(sock, msg.data)
         elif kind is WSMsgType.PING:
             await sock.ws.pong(msg.data)
         elif kind is WSMsgType.ERROR:
-            self._note_error(sock, sock.ws.exception())
+            error = sock.ws.exception()
+            reason = str(error) if error else "unknown"
+            self._note_error(sock, reason, getattr(error, "code", 0) == WSCloseCode.MESSAGE_TOO_BIG)
             return False
         elif kind is not WSMsgType.PONG:  # CLOSE, CLOSING, CLOSED
             return False
         return True
 
-    def _note_error(self, sock: _Socket, error: BaseException | None) -> None:
-        reason = str(error) if error else "unknown"
-        kind = (
-            "too_large" if "too big" in reason.lower() or "size" in reason.lower() else "ws_error"
-        )
-        self.collector.metrics.rejected(kind)
-        log.info("closing WebSocket of %s: %s", sock.conn.identity, reason)
+    def _note_error(self, sock: _Socket, reason: str, too_large: bool) -> None:
+        self.collector.metrics.rejected("too_large" if too_large else "ws_error")
+        who = sock.conn.identity if sock.conn is not None else "a client"
+        log.info("closing WebSocket of %s: %s", who, reason)
 
     async def _answer(self, sock: _Socket, data: bytes | str) -> None:
         try:
@@ -319,8 +432,10 @@ class CollectorServer:
                 try:
                     if now - sock.last_seen > deadline:
                         self.collector.metrics.rejected("pong_timeout")
-                        await sock.ws.close(
-                            code=WSCloseCode.GOING_AWAY, message=b"no pong within the deadline"
+                        self._in_background(  # (it waits for the client's close frame)
+                            sock.ws.close(
+                                code=WSCloseCode.GOING_AWAY, message=b"no pong within the deadline"
+                            )
                         )
                     else:
                         await sock.ws.ping()
