@@ -162,6 +162,11 @@ def test_compressed_messages_keep_the_clients_context_and_their_limit() -> None:
     data = deflate_frame(first, compressor) + deflate_frame(second, compressor)
     data += encode_frame(0x2, b"plain")  # uncompressed messages stay allowed
     assert frames.feed(data) == [(BINARY, first), (BINARY, second), (BINARY, b"plain")]
+    with pytest.raises(Failure) as caught:  # RSV1 is for a message's first frame only
+        Frames(10_000, upgrade.extensions).feed(
+            encode_frame(0x2, b"a", fin=False) + encode_frame(0x0, b"b", rsv=4)
+        )
+    assert caught.value.code == 1002
     bomb = zlib.compressobj(wbits=-15)
     with pytest.raises(Failure) as caught:  # small on the wire, over the limit inflated
         Frames(10_000, upgrade.extensions).feed(deflate_frame(b"\0" * 20_000, bomb))

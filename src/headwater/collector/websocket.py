@@ -164,7 +164,7 @@ class Frames:
         opcode = b0 & 0x0F
         if not b1 & 0x80:
             raise Failure(PROTOCOL_ERROR, "a client frame must be masked")
-        if b0 & 0x30 or (b0 & 0x40 and (self._deflate is None or opcode & 0x8)):
+        if b0 & 0x30 or (b0 & 0x40 and (self._deflate is None or opcode not in (TEXT, BINARY))):
             raise Failure(PROTOCOL_ERROR, "a reserved bit is set")
         if opcode & 0x8:
             if opcode not in (CLOSE, PING, PONG):
@@ -232,6 +232,8 @@ def close_frame(code: int, reason: str) -> bytes:
 # -- the connection -------------------------------------------------------------------------
 class Listener:
     """What a ``WebSocket`` tells its owner (the server's per-connection state)."""
+
+    __slots__ = ()
 
     def message(self, data: bytes | str) -> None: ...
     def seen(self) -> None: ...
