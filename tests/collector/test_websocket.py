@@ -20,10 +20,11 @@ from headwater.bus.embedded.config import EmbeddedBusConfig
 from headwater.collector import websocket
 from headwater.collector.protocols import raccoon
 from headwater.collector.websocket import BINARY, CLOSE, PING, TEXT, Failure, Frames
-from headwater.testing.clients import RawWebSocket, encode_frame, read_response
+from headwater.testing.clients import HandshakeFailed, RawWebSocket, encode_frame, read_response
 from headwater.testing.collector import running_collector
 
 PATH = "/api/v1/events"
+USER = {"X-User-ID": "user-1"}
 KEY = base64.b64encode(os.urandom(16))
 
 
@@ -273,3 +274,51 @@ def test_idle_connections_hold_no_task_and_a_reused_connection_can_upgrade(
         )
     assert reused == "reused"
     assert len(bus.read("clickstream-t-log", 0, 0, max_records=100)) == 21
+
+
+def test_pipelined_requests_are_answered_with_at_most_64_in_flight(bus: EmbeddedBus) -> None:
+    with running_collector(bus) as server:
+        answer = server.server._answer
+        now = [0, 0]  # in flight, most seen
+
+        async def counted(sock: Any, data: bytes | str) -> None:
+            now[0] += 1
+            now[1] = max(now)
+            try:
+                await answer(sock, data)
+            finally:
+                now[0] -= 1
+
+        server.server._answer = counted  # type: ignore[method-assign]
+
+        async def scenario() -> set[str]:
+            ws = await RawWebSocket.connect(
+                "127.0.0.1", server.server.port, headers={"X-User-ID": "pipelined"}
+            )
+            ws.send_raw(b"".join(encode_frame(0x2, request(f"p-{i}")) for i in range(300)))
+            await ws.drain()
+            guids = set()
+            for _ in range(300):
+                frame = await ws.recv_data(10)
+                assert frame is not None
+                response: Any = raccoon.SendEventResponse()
+                response.ParseFromString(frame.payload)
+                assert response.status == raccoon.Status.SUCCESS
+                guids.add(response.data["req_guid"])
+            await ws.close()
+            return guids
+
+        guids = asyncio.run(scenario())
+    assert guids == {f"p-{i}" for i in range(300)}
+    assert now[1] == 64  # the bound was reached, never passed (reading paused meanwhile)
+
+
+def test_an_upgrade_while_shutting_down_is_told_to_retry(bus: EmbeddedBus) -> None:
+    with running_collector(bus) as server:
+        server.collector.draining = True  # (as stop() sets it first)
+        with pytest.raises(HandshakeFailed) as caught:
+            asyncio.run(RawWebSocket.connect("127.0.0.1", server.server.port, headers=USER))
+        server.collector.draining = False
+    response = caught.value.response
+    assert response is not None and response.status == 503
+    assert response.headers["retry-after"] == "1"

@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64  # requests one WebSocket connection may have outstanding
 WS_PATH = "/api/v1/events"
+_DRAINING = b"the collector is shutting down\n"
+SHUTTING_DOWN = (
+    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
+    b"Content-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(_DRAINING), _DRAINING)
+)
 
 
 class _Socket(websocket.Listener):
@@ -305,6 +310,10 @@ class CollectorServer:
         peer = transport.get_extra_info("peername")
         remote = peer[0] if isinstance(peer, tuple) else ""
         ws: websocket.WebSocket = sock.ws
+        if self.collector.draining:
+            transport.write(SHUTTING_DOWN)
+            transport.close()
+            return
         try:
             conn = await self.collector.open_connection(upgrade.headers, remote)
         except Rejected as e:
