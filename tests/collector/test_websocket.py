@@ -322,3 +322,17 @@ def test_an_upgrade_while_shutting_down_is_told_to_retry(bus: EmbeddedBus) -> No
     response = caught.value.response
     assert response is not None and response.status == 503
     assert response.headers["retry-after"] == "1"
+
+
+def test_an_upgrade_that_cannot_be_admitted_is_told_to_retry(bus: EmbeddedBus) -> None:
+    with running_collector(bus) as server:
+
+        async def broken(headers: Any, remote: str) -> Any:
+            raise RuntimeError("the log's process is gone")
+
+        server.collector.open_connection = broken  # type: ignore[method-assign]
+        with pytest.raises(HandshakeFailed) as caught:
+            asyncio.run(RawWebSocket.connect("127.0.0.1", server.server.port, headers=USER))
+    response = caught.value.response
+    assert response is not None and response.status == 503
+    assert b"retry shortly" in response.body

@@ -39,11 +39,18 @@ log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64  # requests one WebSocket connection may have outstanding
 WS_PATH = "/api/v1/events"
-_DRAINING = b"the collector is shutting down\n"
-SHUTTING_DOWN = (
-    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
-    b"Content-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(_DRAINING), _DRAINING)
-)
+
+
+def _unavailable(text: bytes) -> bytes:
+    """A 503 answer to a WebSocket upgrade the collector cannot take now."""
+    return (
+        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
+        b"Content-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(text), text)
+    )
+
+
+SHUTTING_DOWN = _unavailable(b"the collector is shutting down\n")
+NOT_ADMITTED = _unavailable(b"the collector could not admit this connection; retry shortly\n")
 
 
 class _Socket(websocket.Listener):
@@ -324,8 +331,9 @@ class CollectorServer:
             ws.resume_reading()  # for the client's close frame (new messages are not taken)
             await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=e.reason[:120].encode())
             return
-        except Exception:
+        except Exception:  # (the log's process gone, say): the client is told to retry
             log.exception("could not admit a WebSocket connection")
+            transport.write(NOT_ADMITTED)
             transport.close()
             return
         if ws.closed:  # the client left while it waited
