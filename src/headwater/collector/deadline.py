@@ -39,7 +39,7 @@ class HeadDeadline:
         self._busy: set[Hashable] = set()
 
     def factory(
-        self, make: Callable[[], RequestHandler], upgrade: Upgrade | None = None
+        self, make: Callable[[], RequestHandler], upgrade: Upgrade
     ) -> Callable[[], asyncio.Protocol]:
         """A protocol factory for ``loop.create_server`` around aiohttp's ``make``; ``upgrade``
         may take a connection from its first bytes."""
@@ -87,26 +87,22 @@ class _TimedProtocol(asyncio.Protocol):
         self,
         deadline: HeadDeadline,
         make: Callable[[], RequestHandler],
-        upgrade: Upgrade | None,
+        upgrade: Upgrade,
     ) -> None:
         self._deadline = deadline
         self._make = make
         self._upgrade = upgrade
-        self._handler: RequestHandler | None = None
+        self._handler: RequestHandler | None = None  # made once the first bytes are HTTP's
         self._transport: asyncio.BaseTransport | None = None
         self._head = b""
-        if upgrade is None:
-            self._handler = make()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
-        if self._handler is not None:
-            self._handler.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         handler = self._handler
         if handler is None:
-            assert self._upgrade is not None and self._transport is not None
+            assert self._transport is not None
             head = self._head = self._head + data
             taken = self._upgrade(head, self._transport)  # type: ignore[arg-type]
             if taken is None:  # not decided yet: this head is timed like any other

@@ -178,6 +178,8 @@ class Frames:
 
     def _frame(self, b0: int, payload: bytes) -> tuple[int, bytes | str] | None:
         opcode, fin = b0 & 0x0F, bool(b0 & 0x80)
+        if opcode == CLOSE:
+            _check_close(payload)
         if opcode & 0x8:
             return opcode, payload
         if self._deflate is not None and (b0 & 0x40 or (opcode == CONTINUATION and self._opcode)):
@@ -215,6 +217,16 @@ class Frames:
             raise Failure(PROTOCOL_ERROR, str(e)) from None
 
 
+def _check_close(payload: bytes) -> None:
+    """A close frame's code and reason (RFC 6455 7.4): 1002 or 1007 when they are bad."""
+    try:
+        Close.parse(payload)
+    except ProtocolError as e:
+        raise Failure(PROTOCOL_ERROR, f"a bad close frame: {e}") from None
+    except UnicodeDecodeError:
+        raise Failure(INVALID_TEXT, "a close reason that is not UTF-8") from None
+
+
 def frame(opcode: int, payload: bytes) -> bytes:
     """A frame as the server sends it: final, unmasked, uncompressed."""
     n = len(payload)
@@ -225,8 +237,9 @@ def frame(opcode: int, payload: bytes) -> bytes:
     return bytes((0x80 | opcode, 127)) + _LEN64.pack(n) + payload
 
 
-def close_frame(code: int, reason: str) -> bytes:
-    return frame(CLOSE, Close(code, reason.encode()[:120].decode(errors="ignore")).serialize())
+def close_body(code: int, reason: str) -> bytes:
+    """A close frame's payload: the code and the reason, cut to fit a control frame."""
+    return Close(code, reason.encode()[:120].decode(errors="ignore")).serialize()
 
 
 # -- the connection -------------------------------------------------------------------------
@@ -279,8 +292,8 @@ class WebSocket(asyncio.Protocol):
                     self._listener.message(payload)
             elif opcode == PING:
                 self._write(frame(PONG, payload))  # type: ignore[arg-type]
-            elif opcode == CLOSE:
-                self._closing(payload)  # type: ignore[arg-type]
+            elif opcode == CLOSE:  # answered with its code (1000 when it has none); the end
+                self._end(int.from_bytes(payload[:2], "big") or 1000, payload[:2])  # type: ignore[arg-type,index]
                 return
 
     def eof_received(self) -> bool:
@@ -339,7 +352,7 @@ class WebSocket(asyncio.Protocol):
             return
         if self.close_code is None:
             self.close_code = code
-            self._write(close_frame(code, message.decode(errors="replace")))
+            self._write(frame(CLOSE, close_body(code, message.decode(errors="replace"))))
         waiter = self._closed_wait
         if waiter is None:
             waiter = self._closed_wait = asyncio.get_running_loop().create_future()
@@ -349,25 +362,14 @@ class WebSocket(asyncio.Protocol):
             if self._transport is not None:
                 self._transport.abort()
 
-    def _closing(self, payload: bytes) -> None:
-        """The client's close frame: answer it (unless it answers ours) and end."""
-        try:
-            close = Close.parse(payload)
-        except ProtocolError as e:
-            self._fail(Failure(PROTOCOL_ERROR, f"a bad close frame: {e}"))
-            return
-        except UnicodeDecodeError:
-            self._fail(Failure(INVALID_TEXT, "a close reason that is not UTF-8"))
-            return
-        if self.close_code is None:
-            self.close_code = 1000 if close.code == 1005 else close.code
-            self._write(frame(CLOSE, b"" if close.code == 1005 else payload[:2]))
-        if self._transport is not None:
-            self._transport.close()  # (after what is buffered is written)
-
     def _fail(self, failure: Failure) -> None:
+        self._end(failure.code, close_body(failure.code, failure.reason))
+
+    def _end(self, code: int, body: bytes) -> None:
+        """Send a close frame (unless one was sent: this one answers it), then end the
+        connection once what is buffered is written."""
         if self.close_code is None:
-            self.close_code = failure.code
-            self._write(close_frame(failure.code, failure.reason))
+            self.close_code = code
+            self._write(frame(CLOSE, body))
         if self._transport is not None:
             self._transport.close()
