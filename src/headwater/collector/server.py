@@ -362,7 +362,9 @@ class CollectorServer:
             self.collector.close_connection(sock.conn)
 
     async def _release(self, sock: _Socket) -> None:
-        await asyncio.wait(sock.tasks())
+        tasks = sock.tasks()
+        if tasks:  # (they may have ended before this task ran)
+            await asyncio.wait(tasks)
         assert sock.conn is not None
         self.collector.close_connection(sock.conn)
 

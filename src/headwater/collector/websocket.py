@@ -18,6 +18,7 @@ so a connection keeps no compressor.
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 
 from websockets.exceptions import PayloadTooBig, ProtocolError
@@ -37,6 +38,9 @@ PROTOCOL_ERROR, INVALID_TEXT, TOO_BIG = 1002, 1007, 1009
 MAX_HEAD_BYTES = 32 * 1024  # a longer upgrade head is left to aiohttp (and its limits)
 CLOSE_TIMEOUT_S = 10.0  # how long a close waits for the client's close frame
 _DEFLATE = ServerPerMessageDeflateFactory(server_no_context_takeover=True)
+# the handshake's checker logs "connection open" per connection at INFO: only its warnings
+_HANDSHAKE_LOG = logging.getLogger(__name__ + ".handshake")
+_HANDSHAKE_LOG.setLevel(logging.WARNING)
 _LEN16 = struct.Struct("!H")
 _LEN64 = struct.Struct("!Q")
 
@@ -69,7 +73,7 @@ def take_upgrade(head: bytes, path: str) -> Upgrade | bool | None:
     end = head.find(b"\r\n\r\n")
     if end < 0:
         return None if len(head) <= MAX_HEAD_BYTES else False
-    protocol = ServerProtocol(extensions=[_DEFLATE], max_size=None)
+    protocol = ServerProtocol(extensions=[_DEFLATE], max_size=None, logger=_HANDSHAKE_LOG)
     protocol.receive_data(head[: end + 4])
     events = protocol.events_received()
     if not events or not isinstance(events[0], Request):
