@@ -22,7 +22,7 @@ from headwater.collector.dedup import RecentRequests
 from headwater.collector.errors import Code, Rejected
 from headwater.collector.events import EventIn, RequestContext, Uuid7, to_messages
 from headwater.collector.limits import Connections
-from headwater.collector.metrics import Metrics
+from headwater.collector.metrics import MAX_TYPES, Metrics, type_counts
 from headwater.collector.publisher import Publisher
 from headwater.collector.routing import Router
 
@@ -35,6 +35,48 @@ def test_routing_by_type_with_either_pattern_form() -> None:
         Router("e-{type}").topic("")
     with pytest.raises(Rejected, match="249"):
         Router("e-{type}").topic("x" * 300)
+
+
+def test_grouping_by_topic_keeps_each_topics_order() -> None:
+    router = Router("t-{type}")
+    one = [EventIn("a", bytes([i]), "x") for i in range(3)]
+    assert router.group(one) == {"t-a": one}
+    mixed = [EventIn("a", b"1", "x"), EventIn("b", b"2", "x"), EventIn("a", b"3", "x")]
+    assert router.group(mixed) == {"t-a": [mixed[0], mixed[2]], "t-b": [mixed[1]]}
+    assert router.group([]) == {}
+    with pytest.raises(Rejected, match="empty type"):
+        router.group([EventIn("a", b"1", "x"), EventIn("", b"2", "x")])
+
+
+def test_type_counts_and_the_counters_they_bump() -> None:
+    one = [EventIn("a", b"12", "x"), EventIn("a", b"345", "x")]
+    assert type_counts(one) == {"a": (2, 5)}
+    mixed = [EventIn("a", b"1", "x"), EventIn("b", b"22", "x"), EventIn("a", b"333", "x")]
+    assert type_counts(mixed) == {"a": (2, 4), "b": (1, 2)}
+    assert type_counts([]) == {}
+    m = Metrics()
+    for _ in range(2):  # the second time through the kept children
+        m.received(type_counts(mixed), "raccoon-ws")
+        m.published(type_counts(mixed))
+        m.from_source("web", "rest", 3)
+        m.acked("rest", 0.003)
+    value = m.registry.get_sample_value
+    assert (
+        value("headwater_collector_events_received_total", {"type": "a", "protocol": "raccoon-ws"})
+        == 4
+    )
+    assert value("headwater_collector_bytes_received_total", {"type": "b"}) == 4
+    assert value("headwater_collector_events_published_total", {"type": "a"}) == 4
+    assert value("headwater_collector_bytes_published_total", {"type": "a"}) == 8
+    assert (
+        value("headwater_collector_source_events_total", {"source": "web", "protocol": "rest"}) == 6
+    )
+    assert value("headwater_collector_ack_latency_seconds_count", {"protocol": "rest"}) == 2
+    # past MAX_TYPES distinct types, new ones count as "other" (and keep no child of their own)
+    for i in range(MAX_TYPES + 5):
+        m.published({f"t{i}": (1, 1)})
+    assert value("headwater_collector_events_published_total", {"type": "other"}) == 7
+    assert len(m._published) == MAX_TYPES + 1
 
 
 def test_write_keys_are_stored_hashed_and_found_in_every_sdk_spelling() -> None:

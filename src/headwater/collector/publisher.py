@@ -32,7 +32,7 @@ from headwater.collector.admission import Admission
 from headwater.collector.batch import encode_events
 from headwater.collector.errors import Rejected, bad_request, too_large, unavailable
 from headwater.collector.events import EventIn, RequestContext, to_messages
-from headwater.collector.metrics import Metrics
+from headwater.collector.metrics import Metrics, TypeCounts, type_counts
 from headwater.collector.routing import Router
 
 log = logging.getLogger(__name__)
@@ -87,9 +87,7 @@ class Publisher:
         """Store ``events`` (all of them, or none on bad input) and wait as the ack mode says."""
         if not events:
             raise bad_request("the request has no events", kind="empty")
-        by_topic: dict[str, list[EventIn]] = {}
-        for e in events:
-            by_topic.setdefault(router.topic(e.type), []).append(e)
+        by_topic = router.group(events)
         if self.sink is not None:
             await self._publish_encoded(self.sink, events, by_topic, ctx)
             return
@@ -100,13 +98,13 @@ class Publisher:
             except (RecordTooLarge, InvalidArgument) as e:
                 raise self._bad(e, events, by_topic[topic]) from None
         futures = self._append(batches)
-        self._count_received(events, by_topic, ctx)
+        counts = self._count_received(events, ctx)
         if not self.durable:
             for f in futures:
                 f.add_done_callback(self._after_received_ack)
             return
         await self._durable(futures)
-        self._count_published(by_topic)
+        self.metrics.published(counts)
 
     async def _publish_encoded(
         self,
@@ -131,7 +129,7 @@ class Publisher:
                     f"the log cannot take events now: {e.message}", self.retry_after_s
                 ) from None
         appended = await self._queue(sink, batches)
-        self._count_received(events, by_topic, ctx)
+        counts = self._count_received(events, ctx)
         if not self.durable:
             task = asyncio.ensure_future(self._received(appended))
             self._pending.add(task)
@@ -141,7 +139,7 @@ class Publisher:
             await appended
         except (BusUnavailable, BusError) as e:
             raise self._unavailable(e) from None
-        self._count_published(by_topic)
+        self.metrics.published(counts)
 
     async def _keyed(
         self, sink: LogSink, topic: str, evs: list[EventIn], ctx: RequestContext
@@ -181,16 +179,12 @@ class Publisher:
             "(the bus's max_record_bytes)"
         )
 
-    def _count_received(
-        self, events: Sequence[EventIn], by_topic: dict[str, list[EventIn]], ctx: RequestContext
-    ) -> None:
-        for topic, evs in by_topic.items():
-            self.metrics.received(topic, evs, ctx.protocol)
+    def _count_received(self, events: Sequence[EventIn], ctx: RequestContext) -> TypeCounts:
+        """Count ``events`` as received; their tally, to count them published with."""
+        counts = type_counts(events)
+        self.metrics.received(counts, ctx.protocol)
         self.metrics.from_source(ctx.source, ctx.protocol, len(events))
-
-    def _count_published(self, by_topic: dict[str, list[EventIn]]) -> None:
-        for topic, evs in by_topic.items():
-            self.metrics.published(topic, evs)
+        return counts
 
     async def _received(self, appended: Awaitable[list[int]]) -> None:
         try:

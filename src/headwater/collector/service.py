@@ -185,7 +185,7 @@ class Collector:
             )
         started = time.perf_counter()
         await self.publisher.publish(intake.events, ctx, router)
-        self.metrics.ack_latency.labels(ctx.protocol).observe(time.perf_counter() - started)
+        self.metrics.acked(ctx.protocol, time.perf_counter() - started)
 
     # -- Raccoon over WebSocket -------------------------------------------------------------
     async def open_connection(self, headers: Mapping[str, str], peer: str) -> Connection:
