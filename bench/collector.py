@@ -14,8 +14,9 @@ temporary directory under ``./data`` (``--dir``), and its default ``collector.wo
 (one intake process per core, forked by it): its CPU, RSS and PSS are those of all its
 processes together, and "loop thread" is the busiest of their event-loop threads. The load
 comes from other processes (this same script in a load-generator role, asyncio on uvloop with a
-hand-written WebSocket / HTTP/1.1 client that sends pre-built request bytes, and a ``grpc.aio``
-client for gRPC). Everything talks over
+hand-written WebSocket / HTTP/1.1 / HTTP/2 gRPC client that sends pre-built request bytes;
+``--grpc-client aio`` loads gRPC from grpc.aio's own client instead, which uses 2-3x the CPU per
+call of the hand-written one, on the same two cores). Everything talks over
 loopback, and everything shares this machine's cores: the figures are what the collector does
 with a load generator next to it, and the generators' CPU is printed beside them.
 
@@ -31,7 +32,8 @@ bytes as protobuf), each with its own ``req_guid``. What is measured, in one run
    ack, measured by the client), the collector's CPU (all threads, and its event-loop thread
    alone), CPU per event, its RSS, the generator's CPU, the whole machine's.
 2. REST ``POST /api/v1/events`` (``application/proto``, keep-alive, 50 concurrent) and
-3. gRPC ``EventService/SendEvent`` (50 concurrent calls), both with ``ack: durable``.
+3. gRPC ``EventService/SendEvent`` (50 concurrent calls on one HTTP/2 connection, as one
+   client channel carries them), both with ``ack: durable``.
 4. The collector's RSS with 10,000 idle WebSocket connections (``--quick``: 2,000, extrapolated),
    each having sent one batch, opened from two processes on their own 127.0.0.x addresses, on a
    fresh collector.
@@ -130,6 +132,7 @@ TARGET_PACED_EVENTS_S = 100_000.0  # the paced run whose p95 is judged, at 1,000
 TARGET_P95_MS = 20.0
 TARGET_IDLE_RSS_MB = 250.0  # the whole collector (all its processes), 10k idle connections
 PY_SPY_RATE = 100
+GRPC_ROLES = {"raw": "grpc-load", "aio": "grpc-aio-load"}  # --grpc-client: the load's role
 
 
 # -- the workload: request bytes built once, a req_guid spliced in per request ---------------------
@@ -606,6 +609,59 @@ async def role_rest_load(args: argparse.Namespace) -> None:
 
 
 async def role_grpc_load(args: argparse.Namespace) -> None:
+    """The gRPC load: ``--connections`` concurrent unary calls on one HTTP/2 connection (as one
+    channel of a gRPC client carries them), each starting the next when it is answered."""
+    from _h2grpc import GrpcConnection
+
+    template = request_template()
+    stats = Stats()
+    sending = False
+    conn: GrpcConnection
+
+    def start(slot: Guids) -> None:
+        guid = slot.next()
+        stats.sent += 1
+        conn.call(with_guid(template, guid), (slot, guid, time.perf_counter()))
+
+    def on_reply(token: tuple[Guids, bytes, float], reply: bytes | None, problem: str) -> None:
+        slot, guid, sent_at = token
+        if reply is not None:
+            got, problem = response_problem(reply)
+            if not problem and got != guid:
+                stats.unmatched += 1
+                problem = "the response names another request"
+        if problem:
+            stats.error(f"gRPC: {problem}")
+        else:
+            stats.ack(sent_at)
+        if sending and not conn.lost.done():
+            start(slot)
+
+    loop = asyncio.get_running_loop()
+    _, conn = await loop.create_connection(
+        lambda: GrpcConnection(f"{HOST}:{args.port}", GRPC_METHOD, on_reply), HOST, args.port
+    )
+    await asyncio.wait_for(conn.ready, 30)
+    emit_line({"ready": args.connections, "errors": [], "error_count": 0})
+    await read_stdin_line()
+    go = time.perf_counter()
+    stats.window = (go + args.warmup, go + args.warmup + args.duration)
+    sending = True
+    for i in range(args.connections):
+        start(Guids(f"g{args.index}-{i:06d}-"))
+    await asyncio.sleep(args.warmup)
+    cpu0 = time.process_time()
+    await asyncio.sleep(args.duration)
+    cpu_s = time.process_time() - cpu0
+    sending = False
+    await asyncio.sleep(0.5)
+    lost = int(conn.lost.done())
+    conn.close()
+    emit_line(stats.result(cpu_s, args.duration, lost=lost, stalls=conn.stalls))
+
+
+async def role_grpc_aio_load(args: argparse.Namespace) -> None:
+    """The gRPC load from grpc.aio's own client (one channel): ``--grpc-client aio``."""
     import grpc
 
     template = request_template()
@@ -1213,7 +1269,7 @@ def http_case(run: Run, collector: Collector, protocol: str) -> LoadFigure:
     figure = LoadFigure(protocol, collector.ack, HTTP_CONCURRENCY, "closed", collector.bus)
     generator = spawn(
         role_command(
-            "rest-load" if protocol == "REST" else "grpc-load",
+            "rest-load" if protocol == "REST" else GRPC_ROLES[run.args.grpc_client],
             port=collector.port if protocol == "REST" else collector.grpc_port,
             connections=HTTP_CONCURRENCY,
             warmup=min(1.0, run.warmup),
@@ -1737,7 +1793,8 @@ def report(run: Run, markdown: bool = False) -> str:
         f"workload: Raccoon SendEventRequest of {EVENTS_PER_BATCH} events x {EVENT_BYTES} B "
         f"({len(request_template()):,} B), a new req_guid each; WebSocket: at most {IN_FLIGHT} "
         f"in flight per connection; {run.seconds:g} s per case after {run.warmup:g} s warm-up "
-        f"(REST/gRPC {run.http_seconds:g} s, {HTTP_CONCURRENCY} concurrent)",
+        f"(REST/gRPC {run.http_seconds:g} s, {HTTP_CONCURRENCY} concurrent; gRPC on one HTTP/2 "
+        f"connection from the {run.args.grpc_client} client)",
         "LOAD GENERATOR ON THE SAME 2-CORE MACHINE: the collector, the load generator processes "
         "(their CPU is the 'generator cores' column) and the kernel's loopback TCP share 2 cores; "
         "'machine cores' is everything that was busy.",
@@ -1925,11 +1982,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="kafka: the durable cases on an Apache Kafka broker (acks=all) and, in the same "
         "run, on the embedded log, compared (nothing else)",
     )
+    parser.add_argument(
+        "--grpc-client",
+        choices=tuple(GRPC_ROLES),
+        default="raw",
+        help="the gRPC load's client: a hand-written HTTP/2 client sending pre-built frames "
+        "(raw, default, like the WebSocket and REST loads) or grpc.aio's own (aio)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     # internal: the child processes' roles
     parser.add_argument(
         "--role",
-        choices=("collector", "ws-load", "ws-idle", "rest-load", "grpc-load"),
+        choices=("collector", "ws-load", "ws-idle", "rest-load", "grpc-load", "grpc-aio-load"),
         help=argparse.SUPPRESS,
     )
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -1965,9 +2029,10 @@ def run_role(args: argparse.Namespace) -> int:
         "ws-idle": role_ws_idle,
         "rest-load": role_rest_load,
         "grpc-load": role_grpc_load,
+        "grpc-aio-load": role_grpc_aio_load,
     }
     main_coroutine = roles[args.role](args)
-    if args.role == "grpc-load":
+    if args.role == "grpc-aio-load":
         asyncio.run(main_coroutine)  # grpc.aio on the default event loop
     else:
         import uvloop
