@@ -171,6 +171,7 @@ def test_sigkilled_while_delivering_every_event_arrives_and_repeats_share_keys(
     assert len(keys) > len(set(keys)), "no kill landed in a delivery: nothing was replayed"
 
 
+@pytest.mark.outage
 def test_a_receiver_down_for_120_s_costs_no_memory_and_no_event(tmp_path: Path) -> None:
     outage = {"until": 0.0}
 

@@ -204,6 +204,7 @@ def pg_counts(dsn: str, table: str) -> tuple[int, int]:
     return (int(row[0]), int(row[1]))
 
 
+@pytest.mark.outage
 def test_postgres_stopped_for_a_minute_loses_no_event(
     spark: Any, tmp_path: Path, own_postgres: pg.PostgresService
 ) -> None:

@@ -9,6 +9,8 @@ import itertools
 import time
 from pathlib import Path
 
+import pytest
+
 from headwater.collector.auth import hash_key
 from headwater.config.model import HeadwaterConfig
 from headwater.testing.webhooks import (
@@ -28,6 +30,7 @@ OUTAGE_S = 120.0
 SCHEDULE = [5.0, 30.0, 30.0, 30.0, 30.0, 30.0, 30.0]
 
 
+@pytest.mark.outage
 def test_a_receiver_down_for_two_minutes_gets_everything_afterwards(tmp_path: Path) -> None:
     down_until = [float("inf")]
 
