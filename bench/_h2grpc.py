@@ -123,14 +123,14 @@ class GrpcConnection(asyncio.Protocol):
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._fail_all(f"connection lost: {exc or 'closed by the server'}")
-        if not self.lost.done():
+        if not self.lost.done():  # first: the calls failed below start no new ones
             self.lost.set_result(None)
+        self._fail_all(f"connection lost: {exc or 'closed by the server'}")
         if not self.ready.done():
             self.ready.set_exception(ConnectionError("the connection closed before SETTINGS"))
 
     def close(self) -> None:
-        if self.transport is not None:
+        if self.transport is not None and not self.transport.is_closing():
             self.transport.write(frame(GOAWAY, 0, 0, struct.pack(">II", 0, 0)))
             self.transport.close()
 
@@ -195,6 +195,9 @@ class GrpcConnection(asyncio.Protocol):
         self._stream_windows.pop(stream, None)
         if call is None:
             return
+        if any(s == stream for s, _ in self._pending):  # answered before it was all sent
+            self._pending = [(s, d) for s, d in self._pending if s != stream]
+            self._flush_pending()
         if not problem and call.status != "0":
             problem = f"grpc-status {call.status or '(none)'}"
         message = None
@@ -279,7 +282,6 @@ class GrpcConnection(asyncio.Protocol):
                 self._write(frame(PING, ACK, 0, payload))
         elif kind == RST_STREAM:
             code = struct.unpack(">I", payload)[0]
-            self._pending = [(s, d) for s, d in self._pending if s != stream]
             self._finish(stream, f"the server reset the stream (HTTP/2 error {code})")
         elif kind == GOAWAY:
             last, code = struct.unpack(">II", payload[:8])
