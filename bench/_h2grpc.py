@@ -107,7 +107,6 @@ class GrpcConnection(asyncio.Protocol):
         self._header_stream = 0  # a header block continued in CONTINUATION frames
         self._header_flags = 0
         self._header_block = bytearray()
-        self.stalls = 0  # calls whose message waited for a window
         self._out: list[bytes] = []  # frames to write, in one write per loop turn
 
     # -- the connection ---------------------------------------------------------------------------
@@ -144,13 +143,11 @@ class GrpcConnection(asyncio.Protocol):
         self._stream_windows[stream] = self._initial_window
         head = frame(HEADERS, END_HEADERS, stream, self.block)
         data = memoryview(b"\x00" + struct.pack(">I", len(message)) + message)
-        if self._pending:
+        if self._pending:  # calls before it wait for a window: it waits behind them
             self._write(head)
             self._pending.append((stream, data))
-            self.stalls += 1
         elif left := self._send(stream, data, head):
             self._pending.append((stream, left))
-            self.stalls += 1
 
     def _send(self, stream: int, data: memoryview, head: bytes = b"") -> memoryview:
         """Send ``head`` and what the windows allow of ``data`` (ending the stream with its

@@ -485,12 +485,11 @@ async def _link_appender(
     link = await Link.connect(sock, list, Ring(ring))
     end = time.perf_counter() + seconds
 
-    encoded = log_format.encode(batch, time.time_ns() // 1_000_000)
+    encoded = log_format.encode(batch, time.time_ns() // 1_000_000) if once else None
 
     def append() -> Awaitable[list[int]]:
-        if once:
-            return link.append([(topic, 0, encoded)])
-        return link.append([(topic, 0, log_format.encode(batch, time.time_ns() // 1_000_000))])
+        body = encoded or log_format.encode(batch, time.time_ns() // 1_000_000)
+        return link.append([(topic, 0, body)])
 
     results = await asyncio.gather(*(_appends_until(end, append) for _ in range(tasks)))
     link.close()

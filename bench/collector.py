@@ -657,7 +657,7 @@ async def role_grpc_load(args: argparse.Namespace) -> None:
     await asyncio.sleep(0.5)
     lost = int(conn.lost.done())
     conn.close()
-    emit_line(stats.result(cpu_s, args.duration, lost=lost, stalls=conn.stalls))
+    emit_line(stats.result(cpu_s, args.duration, lost=lost))
 
 
 async def role_grpc_aio_load(args: argparse.Namespace) -> None:

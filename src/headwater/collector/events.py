@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import repeat
+from operator import itemgetter
 from typing import NamedTuple
 
 from headwater.bus import context
@@ -29,6 +30,11 @@ class EventIn(NamedTuple):
     value: bytes
     content_type: str
     key: bytes | None = None
+
+
+# EventIn's fields by position, for C-level passes over a request's events (map, all, sum)
+event_type = itemgetter(0)
+event_value = itemgetter(1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Sequence
-from operator import itemgetter
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from headwater.collector.config import StatsdConfig
-from headwater.collector.events import EventIn
+from headwater.collector.events import EventIn, event_type, event_value
 
 log = logging.getLogger(__name__)
 
@@ -29,25 +28,34 @@ LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.
 TypeCounts = dict[str, tuple[int, int]]
 """Event type -> (events, value bytes) of a request's events."""
 
-_type = itemgetter(0)  # EventIn's fields, by position (the tally reads every event)
-_value = itemgetter(1)
-
 
 def type_counts(events: Sequence[EventIn]) -> TypeCounts:
     """``events`` tallied by type. A request's events mostly share one type: then the tally is
     two C-level passes, with no Python work per event."""
     if not events:
         return {}
-    types = list(map(_type, events))
+    types = list(map(event_type, events))
     first = types[0]
     if types.count(first) == len(types):
-        return {first: (len(types), sum(map(len, map(_value, events))))}
+        return {first: (len(types), sum(map(len, map(event_value, events))))}
     counts: dict[str, int] = {}
     sizes: dict[str, int] = {}
-    for t, value in zip(types, map(_value, events), strict=True):
+    for t, value in zip(types, map(event_value, events), strict=True):
         counts[t] = counts.get(t, 0) + 1
         sizes[t] = sizes.get(t, 0) + len(value)
     return {t: (n, sizes[t]) for t, n in counts.items()}
+
+
+class _Children(dict[Any, Any]):
+    """Labelled children kept by their labels: ``make(key)`` makes a missing one."""
+
+    def __init__(self, make: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, key: Any) -> Any:
+        child = self[key] = self._make(key)
+        return child
 
 
 class Metrics:
@@ -86,10 +94,14 @@ class Metrics:
         )
         self._types: set[str] = set()
         # labelled children, by their labels (bounded as the labels are)
-        self._received: dict[tuple[str, str], tuple[Any, Any]] = {}
-        self._published: dict[str, tuple[Any, Any]] = {}
-        self._sources: dict[tuple[str, str], Any] = {}
-        self._latency: dict[str, Any] = {}
+        self._received = _Children(
+            lambda k: (self.events_received.labels(*k), self.bytes_received.labels(k[0]))
+        )
+        self._published = _Children(
+            lambda label: (self.events_published.labels(label), self.bytes_published.labels(label))
+        )
+        self._sources = _Children(lambda k: self.source_events.labels(k[0] or "anonymous", k[1]))
+        self._latency = _Children(self.ack_latency.labels)
         self.also: list[CollectorRegistry] = []  # served too: what else runs in the process
 
     def _label(self, event_type: str) -> str:
@@ -102,43 +114,23 @@ class Metrics:
 
     def received(self, counts: TypeCounts, protocol: str) -> None:
         for t, (n, size) in counts.items():
-            label = self._label(t)
-            pair = self._received.get((label, protocol))
-            if pair is None:
-                pair = self._received[label, protocol] = (
-                    self.events_received.labels(label, protocol),
-                    self.bytes_received.labels(label),
-                )
-            pair[0].inc(n)
-            pair[1].inc(size)
+            events, nbytes = self._received[self._label(t), protocol]
+            events.inc(n)
+            nbytes.inc(size)
 
     def from_source(self, source: str, protocol: str, events: int) -> None:
         """Sources are configured (write keys name them), so the label stays small."""
-        child = self._sources.get((source, protocol))
-        if child is None:
-            child = self._sources[source, protocol] = self.source_events.labels(
-                source or "anonymous", protocol
-            )
-        child.inc(events)
+        self._sources[source, protocol].inc(events)
 
     def published(self, counts: TypeCounts) -> None:
         for t, (n, size) in counts.items():
-            label = self._label(t)
-            pair = self._published.get(label)
-            if pair is None:
-                pair = self._published[label] = (
-                    self.events_published.labels(label),
-                    self.bytes_published.labels(label),
-                )
-            pair[0].inc(n)
-            pair[1].inc(size)
+            events, nbytes = self._published[self._label(t)]
+            events.inc(n)
+            nbytes.inc(size)
 
     def acked(self, protocol: str, seconds: float) -> None:
         """A request's time from receipt to its ack."""
-        child = self._latency.get(protocol)
-        if child is None:
-            child = self._latency[protocol] = self.ack_latency.labels(protocol)
-        child.observe(seconds)
+        self._latency[protocol].observe(seconds)
 
     def rejected(self, reason: str) -> None:
         self.rejects.labels(reason).inc()

@@ -5,15 +5,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from functools import lru_cache
-from operator import itemgetter
 
 from headwater.bus.errors import InvalidTopicName
 from headwater.bus.names import check_topic_name
 from headwater.collector.errors import bad_request
-from headwater.collector.events import EventIn
+from headwater.collector.events import EventIn, event_type
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-_type = itemgetter(0)  # EventIn.type, by position
 
 
 class Router:
@@ -36,7 +34,7 @@ class Router:
     def group(self, events: Sequence[EventIn]) -> dict[str, list[EventIn]]:
         """``events`` by topic, each topic's in their order. When they share one type (as a
         request's events mostly do) that is one lookup, not one per event."""
-        types = list(map(_type, events))
+        types = list(map(event_type, events))
         if types and types.count(types[0]) == len(types):
             return {self.topic(types[0]): list(events)}
         out: dict[str, list[EventIn]] = {}

@@ -40,7 +40,6 @@ import re
 import time
 from datetime import UTC, datetime, timedelta
 from enum import IntEnum
-from operator import itemgetter
 from typing import Any, Final
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
@@ -48,7 +47,7 @@ from google.protobuf.message import DecodeError, Message
 
 from headwater.collector.config import LimitsConfig
 from headwater.collector.errors import Code, Rejected, bad_request
-from headwater.collector.events import EventIn, Intake
+from headwater.collector.events import EventIn, Intake, event_type
 
 __all__ = [
     "CONTENT_TYPE",
@@ -270,7 +269,6 @@ def _parse_rfc3339(text: str) -> tuple[int, int] | str:
 
 _parse: Final = SendEventRequest.FromString
 _new_tuple: Final = tuple.__new__
-_event_type: Final = itemgetter(0)
 
 
 def decode_request(data: bytes, limits: LimitsConfig) -> Intake:
@@ -295,7 +293,7 @@ def decode_request(data: bytes, limits: LimitsConfig) -> Intake:
         raise _too_many(n, limits, guid)
     ctype = CONTENT_TYPE
     out: list[EventIn] = [_new_tuple(EventIn, (e.type, e.event_bytes, ctype, None)) for e in events]
-    if not all(map(_event_type, out)):
+    if not all(map(event_type, out)):
         i = next(i for i, e in enumerate(out) if not e.type)
         raise _refuse(f"events[{i}] has an empty type", "bad_type", guid)
     meta: dict[str, str] = {}
