@@ -15,7 +15,7 @@ import logging
 import socket
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from headwater.bus.embedded import format as fmt
 from headwater.bus.errors import BusError, BusUnavailable, InvalidArgument
@@ -30,9 +30,51 @@ DEFAULT_MAX_PENDING = 32 << 20
 ROOM_WAIT_S = 10.0
 RELEASE_EVERY_S = 1.0
 FLUSH_PARTS = 64  # frame parts queued that are sent at once (about 16 appends)
+MERGE_BYTES = 256 << 10  # a turn's appends to one topic and partition merge up to this size
 
 
 _Release = Callable[[], None] | None
+
+
+class _Answer(Protocol):
+    """What takes a request's answer: its future, or a merged group's members."""
+
+    def done(self) -> bool: ...
+    def set_result(self, result: Any) -> None: ...
+    def set_exception(self, exception: BaseException) -> None: ...
+
+
+class _Group:
+    """A turn's single-batch appends to one topic and partition: sent as one merged batch,
+    whose answer each member gets at its own records' start."""
+
+    __slots__ = ("members", "partition", "size", "starts", "topic")
+
+    def __init__(self, topic: str, partition: int | None) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.members: list[tuple[fmt.EncodedBatch, asyncio.Future[list[int]]]] = []
+        self.starts: list[int] = []  # each member's first record in the merged batch
+        self.size = 0
+
+    def add(self, batch: fmt.EncodedBatch, future: asyncio.Future[list[int]]) -> None:
+        self.starts.append(self.starts[-1] + self.members[-1][0].count if self.members else 0)
+        self.members.append((batch, future))
+        self.size += len(batch.body)
+
+    def done(self) -> bool:
+        return all(f.done() for _, f in self.members)
+
+    def set_result(self, bases: list[int]) -> None:
+        (base,) = bases
+        for (_, future), start in zip(self.members, self.starts, strict=True):
+            if not future.done():  # (cancelled by its caller)
+                future.set_result([base + start])
+
+    def set_exception(self, exception: BaseException) -> None:
+        for _, future in self.members:
+            if not future.done():
+                future.set_exception(exception)
 
 
 class LinkClosed(BusUnavailable):
@@ -56,9 +98,12 @@ class Link(asyncio.Protocol):
         self._frames = wire.Frames()
         self._out: list[bytes] = []  # frames to send at the end of this turn of the loop
         self._flushing = False
+        # this turn's single-batch appends by (topic, partition), merged into one batch each
+        # when the turn's frames are sent (``_merged``)
+        self._merging: dict[tuple[str, int | None], _Group] = {}
         # id -> (the answer's future, how to read the answer: a value, or raise, and what to
         # release once the log has answered: an append's ring regions)
-        self._waiting: dict[int, tuple[asyncio.Future[Any], Callable[[memoryview], Any], _Release]]
+        self._waiting: dict[int, tuple[_Answer, Callable[[memoryview], Any], _Release]]
         self._waiting = {}
         self._next = 0
         self._topics: dict[str, int] = {}
@@ -121,6 +166,10 @@ class Link(asyncio.Protocol):
             if not future.done():
                 future.set_exception(LinkClosed("the process that holds the log has gone"))
         self._waiting.clear()
+        groups, self._merging = self._merging, {}
+        for group in groups.values():
+            self.pending_bytes -= group.size
+            group.set_exception(LinkClosed("the process that holds the log has gone"))
         for _, waiter in self._room_waiters:
             if not waiter.done():
                 waiter.set_exception(LinkClosed("the process that holds the log has gone"))
@@ -138,12 +187,17 @@ class Link(asyncio.Protocol):
             self._out += data
         if len(self._out) >= FLUSH_PARTS:  # enough to keep the log busy: send now
             self._flush()
-        elif not self._flushing:
+        else:
+            self._flush_later()
+
+    def _flush_later(self) -> None:
+        if not self._flushing:
             self._flushing = True
             asyncio.get_running_loop().call_soon(self._flush_soon)
 
     def _flush_soon(self) -> None:
         self._flushing = False
+        self._merged()
         self._flush()
 
     def _flush(self) -> None:
@@ -156,25 +210,66 @@ class Link(asyncio.Protocol):
         data: Callable[[int], bytes | Sequence[bytes]],
         read: Callable[[memoryview], Any],
         release: _Release = None,
+        answer: _Answer | None = None,
     ) -> asyncio.Future[Any]:
         self._next = (self._next + 1) & 0xFFFFFFFF
         ident = self._next
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._send(data(ident))
-        self._waiting[ident] = (future, read, release)
+        try:
+            self._send(data(ident))
+        except LinkClosed as e:
+            if answer is not None:
+                answer.set_exception(e)
+            raise
+        self._waiting[ident] = (answer or future, read, release)
         return future
 
     def append(
         self, batches: Sequence[tuple[str, int | None, fmt.EncodedBatch]]
     ) -> asyncio.Future[list[int]]:
-        """Send encoded batches now (queued all or none), their bodies through the shared
-        ring where they fit; their base offsets once durable.
+        """Queue encoded batches (all or none) to be sent at the end of this turn of the loop,
+        their bodies through the shared ring where they fit; their base offsets once durable.
+
+        The appends of one turn with a single batch for the same topic and partition (a
+        request's events that all go to one topic: the common case) are merged into one
+        batch (``fmt.merge``, up to ``MERGE_BYTES``): the log then frames, writes and answers
+        one batch for them, and each append's base offset is where its records start in it.
+        An append of several batches goes as it is, after the merged batches queued before it
+        (so that one connection's requests keep their order in each partition).
 
         The bodies' ring regions are freed when the log answers (or the link ends), not when
         the future is done: a caller that cancels its future (a request cancelled while it
         waits) must not let the ring reuse bytes the log has yet to write."""
+        if self._transport is None:
+            raise LinkClosed("the process that holds the log has gone")
         size = sum(len(b.body) for _, _, b in batches)
         self._promised = max(0, self._promised - size)
+        self.pending_bytes += size
+        if len(batches) == 1 and batches[0][2].last_offset_delta == batches[0][2].count - 1:
+            topic, partition, batch = batches[0]
+            future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+            group = self._merging.get((topic, partition))
+            if group is None:
+                group = self._merging[(topic, partition)] = _Group(topic, partition)
+            group.add(batch, future)
+            if group.size >= MERGE_BYTES:  # enough to keep the log busy: send it now
+                with contextlib.suppress(LinkClosed):  # (its futures have failed)
+                    self._group_frame(self._merging.pop((topic, partition)))
+                    self._flush()
+            else:
+                self._flush_later()
+            return future
+        self._merged()  # what this turn merged so far goes first
+        return self._frame(batches, size)
+
+    def _frame(
+        self,
+        batches: Sequence[tuple[str, int | None, fmt.EncodedBatch]],
+        size: int,
+        answer: _Answer | None = None,
+    ) -> asyncio.Future[list[int]]:
+        """Send one APPEND frame of ``batches`` (``size`` bytes of bodies, already counted in
+        ``pending_bytes``); ``answer`` takes its result instead of the future returned."""
         ring = self._ring
         at = [None if ring is None else ring.put(b.body) for _, _, b in batches]
         used = [a for a in at if a is not None]
@@ -185,14 +280,30 @@ class Link(asyncio.Protocol):
                 ring.free(a)  # type: ignore[union-attr]
             self._grant()
 
-        self.pending_bytes += size
         try:
             return self._request(
-                lambda ident: wire.append_frame(ident, batches, at), _bases, release
+                lambda ident: wire.append_frame(ident, batches, at), _bases, release, answer
             )
         except BaseException:
             release()
             raise
+
+    def _group_frame(self, group: _Group) -> None:
+        """Queue the frame of a group: its one batch as it is, or its batches merged."""
+        if len(group.members) == 1:
+            batch, future = group.members[0]
+            self._frame([(group.topic, group.partition, batch)], group.size, future)
+        else:
+            merged = fmt.merge([b for b, _ in group.members])
+            self._frame([(group.topic, group.partition, merged)], group.size, group)
+
+    def _merged(self) -> None:
+        """Queue the frames of this turn's merged appends (a lost link fails their futures)."""
+        if self._merging:
+            groups, self._merging = self._merging, {}
+            for group in groups.values():
+                with contextlib.suppress(LinkClosed):
+                    self._group_frame(group)
 
     def _fits(self, nbytes: int) -> bool:
         queued = self.pending_bytes + self._promised
