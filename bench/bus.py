@@ -21,7 +21,9 @@ so the log and the disk reference share a filesystem):
   machine), each append encoded by its appender as the collector's workers do, and under
   ``always`` again with each process's batch encoded once (the appenders as cheap as they can
   be: the raw disk reference has no producer at all), and 64 appenders over a 4-partition
-  topic; then reading a topic back;
+  topic; then reading a topic back. (The link sends the appends each appender process makes in
+  one turn of its loop to one partition as one merged batch, up to 256 KiB, as it does for the
+  collector's workers: each append is still answered on its own, once durable.)
 * the Kafka backend against Apache Kafka (KRaft, on loopback): one broker with the default
   flush policy, one broker fsyncing every append, and three brokers (replication factor 3,
   ``min.insync.replicas`` 2), all with acks=all.

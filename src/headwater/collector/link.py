@@ -1,9 +1,12 @@
 """An intake worker's link to the process that holds the log (``wire`` frames, asyncio side).
 
-Appends are written to the socket as they come and answered once durable; the answers of a
-group commit arrive together, so one read wakes every request they complete. The link also
-counts WebSocket connections against the shared limits, asks for readiness, topic sizes and the
-merged metrics, and answers the host's requests for this worker's metric snapshot.
+Appends are sent at the end of the loop's turn that made them and answered once durable; the
+requests of a turn that each append one batch to the same topic and partition go as one merged
+batch (so the log frames, writes and answers one batch for them, not one per request); the
+answers of a group commit arrive together, so one read wakes every request they complete. The
+link also counts WebSocket connections against the shared limits, asks for readiness, topic
+sizes and the merged metrics, and answers the host's requests for this worker's metric
+snapshot.
 """
 
 from __future__ import annotations
