@@ -160,25 +160,28 @@ def merge(batches: Sequence[EncodedBatch]) -> EncodedBatch:
     columns are joined in one copy."""
     if any(b.last_offset_delta != b.count - 1 for b in batches):
         raise ValueError("only batches with contiguous offsets can be merged")
-    views = [memoryview(b.body) for b in batches]
-    fixed: list[list[memoryview]] = [[], [], [], []]  # timestamp, key_len, value_len, headers_len
+    timestamps: list[memoryview] = []
+    key_lens: list[memoryview] = []
+    value_lens: list[memoryview] = []
+    header_lens: list[memoryview] = []
     keys: list[memoryview] = []
     values: list[memoryview] = []
     headers: list[memoryview] = []
-    for b, view in zip(batches, views, strict=True):
-        n = b.count
-        for i, column in enumerate(fixed):  # the 8-byte timestamps, then three 4-byte columns
-            start = 4 * n + (0 if i == 0 else 8 * n + 4 * n * (i - 1))
-            column.append(view[start : start + (8 if i == 0 else 4) * n])
-        key_lens, header_lens = fixed[1][-1], fixed[3][-1]
-        k = 0 if key_lens == no_keys(n) else sum(x for x in _read_column("i", key_lens) if x > 0)
-        h = 0 if header_lens == no_headers(n) else sum(_read_column("I", header_lens))
-        blobs = 24 * n
-        keys.append(view[blobs : blobs + k])
-        values.append(view[blobs + k : len(view) - h])
-        headers.append(view[len(view) - h :])
+    for b in batches:
+        n, view = b.count, memoryview(b.body)
+        timestamps.append(view[4 * n : 12 * n])
+        key_lens.append(view[12 * n : 16 * n])
+        value_lens.append(view[16 * n : 20 * n])
+        header_lens.append(view[20 * n : 24 * n])
+        k = key_lens[-1]
+        k_size = 0 if k == no_keys(n) else sum(x for x in _read_column("i", k) if x > 0)
+        h = header_lens[-1]
+        h_size = 0 if h == no_headers(n) else sum(_read_column("I", h))
+        keys.append(view[24 * n : 24 * n + k_size])
+        values.append(view[24 * n + k_size : len(view) - h_size])
+        headers.append(view[len(view) - h_size :])
     total = sum(b.count for b in batches)
-    columns = [contiguous_deltas(total), *fixed[0], *fixed[1], *fixed[2], *fixed[3]]
+    columns = [contiguous_deltas(total), *timestamps, *key_lens, *value_lens, *header_lens]
     body = b"".join([*columns, *keys, *values, *headers])
     return EncodedBatch(
         body,
