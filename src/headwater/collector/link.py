@@ -270,11 +270,14 @@ class Link(asyncio.Protocol):
         batches: Sequence[tuple[str, int | None, fmt.EncodedBatch]],
         size: int,
         answer: _Answer | None = None,
+        at: list[int | None] | None = None,
     ) -> asyncio.Future[list[int]]:
         """Send one APPEND frame of ``batches`` (``size`` bytes of bodies, already counted in
-        ``pending_bytes``); ``answer`` takes its result instead of the future returned."""
+        ``pending_bytes``); ``answer`` takes its result instead of the future returned. ``at``:
+        where the bodies already are in the ring (else they are put there, where they fit)."""
         ring = self._ring
-        at = [None if ring is None else ring.put(b.body) for _, _, b in batches]
+        if at is None:
+            at = [None if ring is None else ring.put(b.body) for _, _, b in batches]
         used = [a for a in at if a is not None]
 
         def release() -> None:
@@ -296,9 +299,14 @@ class Link(asyncio.Protocol):
         if len(group.members) == 1:
             batch, future = group.members[0]
             self._frame([(group.topic, group.partition, batch)], group.size, future)
-        else:
-            merged = fmt.merge([b for b, _ in group.members])
-            self._frame([(group.topic, group.partition, merged)], group.size, group)
+        else:  # merged straight into the ring where it fits (one copy of the bodies)
+            batches = [b for b, _ in group.members]
+            at = None if self._ring is None else self._ring.take(group.size)
+            if at is None:
+                merged = fmt.merge(batches)
+            else:
+                merged = fmt.merge_into(batches, self._ring.view[at : at + group.size])  # type: ignore[union-attr]
+            self._frame([(group.topic, group.partition, merged)], group.size, group, [at])
 
     def _merged(self) -> None:
         """Queue the frames of this turn's merged appends (a lost link fails their futures)."""

@@ -40,7 +40,14 @@ class Ring:
 
     def put(self, body: bytes | memoryview) -> int | None:
         """Copy ``body`` into a free region; its position, or None when it does not fit."""
-        n = len(body)
+        at = self.take(len(body))
+        if at is not None:
+            self.view[at : at + len(body)] = body
+        return at
+
+    def take(self, n: int) -> int | None:
+        """Take a free region of ``n`` bytes for the caller to fill (``view[at : at + n]``);
+        its position, or None when it does not fit."""
         if not n or n > self.size:
             return None
         start = self._head
@@ -50,7 +57,6 @@ class Ring:
             at = 0
         if start + n - self._tail > self.size:
             return None
-        self.view[at : at + n] = body
         self._touched += n
         self._regions.append([start, start + n, 0])
         self._head = start + n

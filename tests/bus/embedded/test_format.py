@@ -73,3 +73,17 @@ def test_only_batches_with_contiguous_offsets_merge() -> None:
     gapped = whole._replace(last_offset_delta=5)  # as compaction leaves a batch
     with pytest.raises(ValueError, match="contiguous"):
         fmt.merge([whole, gapped])
+
+
+def test_a_merge_into_a_buffer_is_the_same_batch_with_the_buffer_as_its_body() -> None:
+    rng = random.Random(7)
+    batches = [fmt.encode(_messages(rng, 12, True, True), 5) for _ in range(4)]
+    size = sum(len(b.body) for b in batches)
+    ring = bytearray(size + 10)
+    out = memoryview(ring)[5 : 5 + size]
+    merged = fmt.merge_into(batches, out)
+    assert merged.body is out
+    assert merged._replace(body=bytes(out)) == fmt.merge(batches)
+    assert ring[:5] == ring[-5:] == bytes(5)  # nothing written outside it
+    with pytest.raises(ValueError, match="take"):
+        fmt.merge_into(batches, memoryview(bytearray(size + 1)))

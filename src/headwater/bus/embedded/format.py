@@ -157,7 +157,24 @@ def merge(batches: Sequence[EncodedBatch]) -> EncodedBatch:
     topic and partition, so that the log frames, writes and answers one batch instead of
     many. Record ``i`` of ``batches[k]`` becomes record ``sum(counts before k) + i``. Every
     batch must have contiguous offsets (as ``encode`` and the collector make them); the
-    columns are joined in one copy."""
+    columns are joined in one copy, the same size as the bodies together."""
+    body = b"".join(_merged_parts(batches))
+    return _merged(batches, body)
+
+
+def merge_into(batches: Sequence[EncodedBatch], out: memoryview) -> EncodedBatch:
+    """``merge``, written into ``out`` (exactly the bodies' size: an intake worker's shared
+    ring) instead of a new buffer; the batch's body is ``out``."""
+    at = 0
+    for part in _merged_parts(batches):
+        out[at : at + len(part)] = part
+        at += len(part)
+    if at != len(out):
+        raise ValueError(f"merged batches take {at} bytes, not {len(out)}")
+    return _merged(batches, out)
+
+
+def _merged_parts(batches: Sequence[EncodedBatch]) -> list[bytes | memoryview]:
     if any(b.last_offset_delta != b.count - 1 for b in batches):
         raise ValueError("only batches with contiguous offsets can be merged")
     timestamps: list[memoryview] = []
@@ -180,11 +197,15 @@ def merge(batches: Sequence[EncodedBatch]) -> EncodedBatch:
         keys.append(view[24 * n : 24 * n + k_size])
         values.append(view[24 * n + k_size : len(view) - h_size])
         headers.append(view[len(view) - h_size :])
+    deltas = contiguous_deltas(sum(b.count for b in batches))
+    columns = [deltas, *timestamps, *key_lens, *value_lens, *header_lens]
+    return [*columns, *keys, *values, *headers]
+
+
+def _merged(batches: Sequence[EncodedBatch], body: bytes | memoryview) -> EncodedBatch:
     total = sum(b.count for b in batches)
-    columns = [contiguous_deltas(total), *timestamps, *key_lens, *value_lens, *header_lens]
-    body = b"".join([*columns, *keys, *values, *headers])
     return EncodedBatch(
-        body,
+        body,  # type: ignore[arg-type]
         crc32(body),
         total,
         total - 1,
