@@ -51,17 +51,15 @@ class _Group:
     """A turn's single-batch appends to one topic and partition: sent as one merged batch,
     whose answer each member gets at its own records' start."""
 
-    __slots__ = ("members", "partition", "size", "starts", "topic")
+    __slots__ = ("members", "partition", "size", "topic")
 
     def __init__(self, topic: str, partition: int | None) -> None:
         self.topic = topic
         self.partition = partition
         self.members: list[tuple[fmt.EncodedBatch, asyncio.Future[list[int]]]] = []
-        self.starts: list[int] = []  # each member's first record in the merged batch
         self.size = 0
 
     def add(self, batch: fmt.EncodedBatch, future: asyncio.Future[list[int]]) -> None:
-        self.starts.append(self.starts[-1] + self.members[-1][0].count if self.members else 0)
         self.members.append((batch, future))
         self.size += len(batch.body)
 
@@ -69,10 +67,11 @@ class _Group:
         return all(f.done() for _, f in self.members)
 
     def set_result(self, bases: list[int]) -> None:
-        (base,) = bases
-        for (_, future), start in zip(self.members, self.starts, strict=True):
+        (base,) = bases  # each member's records follow those of the members before it
+        for batch, future in self.members:
             if not future.done():  # (cancelled by its caller)
-                future.set_result([base + start])
+                future.set_result([base])
+            base += batch.count
 
     def set_exception(self, exception: BaseException) -> None:
         for _, future in self.members:
@@ -102,7 +101,7 @@ class Link(asyncio.Protocol):
         self._out: list[bytes] = []  # frames to send at the end of this turn of the loop
         self._flushing = False
         # this turn's single-batch appends by (topic, partition), merged into one batch each
-        # when the turn's frames are sent (``_merged``)
+        # when the turn's frames are sent (``_send_merged``)
         self._merging: dict[tuple[str, int | None], _Group] = {}
         # id -> (the answer's future, how to read the answer: a value, or raise, and what to
         # release once the log has answered: an append's ring regions)
@@ -200,7 +199,7 @@ class Link(asyncio.Protocol):
 
     def _flush_soon(self) -> None:
         self._flushing = False
-        self._merged()
+        self._send_merged()
         self._flush()
 
     def _flush(self) -> None:
@@ -262,7 +261,7 @@ class Link(asyncio.Protocol):
             else:
                 self._flush_later()
             return future
-        self._merged()  # what this turn merged so far goes first
+        self._send_merged()  # what this turn merged so far goes first
         return self._frame(batches, size)
 
     def _frame(
@@ -308,7 +307,7 @@ class Link(asyncio.Protocol):
                 merged = fmt.merge_into(batches, self._ring.view[at : at + group.size])  # type: ignore[union-attr]
             self._frame([(group.topic, group.partition, merged)], group.size, group, [at])
 
-    def _merged(self) -> None:
+    def _send_merged(self) -> None:
         """Queue the frames of this turn's merged appends (a lost link fails their futures)."""
         if self._merging:
             groups, self._merging = self._merging, {}

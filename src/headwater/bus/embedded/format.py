@@ -158,23 +158,25 @@ def merge(batches: Sequence[EncodedBatch]) -> EncodedBatch:
     many. Record ``i`` of ``batches[k]`` becomes record ``sum(counts before k) + i``. Every
     batch must have contiguous offsets (as ``encode`` and the collector make them); the
     columns are joined in one copy, the same size as the bodies together."""
-    body = b"".join(_merged_parts(batches))
-    return _merged(batches, body)
+    total = sum(b.count for b in batches)
+    return _merged(batches, total, b"".join(_merged_parts(batches, total)))
 
 
 def merge_into(batches: Sequence[EncodedBatch], out: memoryview) -> EncodedBatch:
     """``merge``, written into ``out`` (exactly the bodies' size: an intake worker's shared
     ring) instead of a new buffer; the batch's body is ``out``."""
+    total = sum(b.count for b in batches)
     at = 0
-    for part in _merged_parts(batches):
+    for part in _merged_parts(batches, total):
         out[at : at + len(part)] = part
         at += len(part)
     if at != len(out):
         raise ValueError(f"merged batches take {at} bytes, not {len(out)}")
-    return _merged(batches, out)
+    return _merged(batches, total, out)
 
 
-def _merged_parts(batches: Sequence[EncodedBatch]) -> list[bytes | memoryview]:
+def _merged_parts(batches: Sequence[EncodedBatch], total: int) -> list[bytes | memoryview]:
+    """The merged body's pieces in order (``total``: the batches' records together)."""
     if any(b.last_offset_delta != b.count - 1 for b in batches):
         raise ValueError("only batches with contiguous offsets can be merged")
     timestamps: list[memoryview] = []
@@ -197,13 +199,11 @@ def _merged_parts(batches: Sequence[EncodedBatch]) -> list[bytes | memoryview]:
         keys.append(view[24 * n : 24 * n + k_size])
         values.append(view[24 * n + k_size : len(view) - h_size])
         headers.append(view[len(view) - h_size :])
-    deltas = contiguous_deltas(sum(b.count for b in batches))
-    columns = [deltas, *timestamps, *key_lens, *value_lens, *header_lens]
+    columns = [contiguous_deltas(total), *timestamps, *key_lens, *value_lens, *header_lens]
     return [*columns, *keys, *values, *headers]
 
 
-def _merged(batches: Sequence[EncodedBatch], body: bytes | memoryview) -> EncodedBatch:
-    total = sum(b.count for b in batches)
+def _merged(batches: Sequence[EncodedBatch], total: int, body: bytes | memoryview) -> EncodedBatch:
     return EncodedBatch(
         body,  # type: ignore[arg-type]
         crc32(body),
