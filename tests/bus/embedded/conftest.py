@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -10,6 +11,15 @@ from headwater.bus.embedded.config import EmbeddedBusConfig
 
 OpenLog = Callable[..., EmbeddedBus]
 FlipByte = Callable[[Path, int], None]
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` past ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
 
 
 @pytest.fixture

@@ -9,7 +9,9 @@ import time
 from collections.abc import Callable
 
 import pytest
+from tests.bus.embedded.conftest import wait_for
 
+from headwater.bus.embedded import format as fmt
 from headwater.bus.embedded.backend import EmbeddedBus
 from headwater.bus.embedded.segment import Segment
 from headwater.bus.errors import BusUnavailable
@@ -107,3 +109,31 @@ def test_append_many_queues_all_topics_or_none(open_log: OpenLog) -> None:
     bus.flush()
     assert refused > 0 and accepted > 0
     assert [bus.watermarks(t, 0)[1] for t in topics] == [accepted] * 3
+
+
+def test_the_next_fdatasync_does_not_wait_for_the_last_round_to_be_told(
+    open_log: OpenLog, syncs: list[int]
+) -> None:
+    """Under ``always`` the syncer hands a synced round to the teller and syncs the next one at
+    once; the teller tells the rounds in order."""
+    bus = open_log(durability="always", default_partitions=1)
+    bus.create_topic("t")
+    batch = fmt.encode([Message(b"x" * 200) for _ in range(10)], 1)
+    release, told = threading.Event(), []
+
+    def first(base: int, error: BaseException | None) -> None:
+        release.wait(30)  # (the teller is held here)
+        told.append(("first", base, error))
+
+    def second(base: int, error: BaseException | None) -> None:
+        told.append(("second", base, error))
+
+    bus.append_encoded([("t", 0, batch, first)])
+    wait_for(lambda: bool(syncs), "the first round's fdatasync")
+    bus.append_encoded([("t", 0, batch, second)])
+    # the second batch is fdatasync'd while the first round's appender is still being told
+    wait_for(lambda: syncs[-1] >= 20, "the second round's fdatasync")
+    assert told == []
+    release.set()
+    wait_for(lambda: len(told) == 2, "both rounds told")
+    assert told == [("first", 0, None), ("second", 10, None)]

@@ -4,21 +4,15 @@ at most the last interval's commits."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
+
+from tests.bus.embedded.conftest import wait_for
 
 from headwater.bus.embedded.backend import EmbeddedBus
 from headwater.bus.records import Message, TopicPartition
 
 OpenLog = Callable[..., EmbeddedBus]
 TP = TopicPartition("t", 0)
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 def test_offsets_persist_at_the_interval(open_log: OpenLog) -> None:
@@ -30,7 +24,7 @@ def test_offsets_persist_at_the_interval(open_log: OpenLog) -> None:
     def persisted() -> dict:
         return json.loads(path.read_text()) if path.exists() else {}
 
-    _wait_for(lambda: persisted().get("groups", {}).get("g") == {"t": {"0": 7}})
+    wait_for(lambda: persisted().get("groups", {}).get("g") == {"t": {"0": 7}}, "the offsets' file")
     reader = open_log(read_only=True)
     assert reader.committed("g") == {TP: 7}
     assert reader.groups() == ["g"]

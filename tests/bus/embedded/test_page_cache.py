@@ -57,6 +57,7 @@ def test_synced_data_behind_the_window_leaves_the_page_cache(
     bus = open_log(durability="always", default_partitions=1, page_cache_bytes=4 * MiB)
     bus.create_topic("t")
     fill(bus, 40)
+    bus.flush()  # (the log drops a round's pages after telling its appenders: wait for it)
     pages = resident(segment_file(tmp_path))
     head = len(pages) - (4 * MiB) // PAGE
     # everything before the window (less one drop step and an alignment) has left the cache

@@ -287,6 +287,7 @@ class EmbeddedBus(Bus):
         for parts in list(self._topics.values()):
             for p in parts:
                 p.mark_durable(p.sync())
+                p.drop_synced()
 
     def _notify_arrivals(self) -> None:
         with self._arrivals:

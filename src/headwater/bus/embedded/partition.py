@@ -61,6 +61,7 @@ class Partition:
         self.synced_offset = 0  # fdatasync'd up to here
         self._dirty = False
         self._unsynced: list[Segment] = []  # rolled segments whose data is not yet durable
+        self._droppable: dict[Segment, int] = {}  # synced sizes, for ``drop_synced``
 
     # -- opening ----------------------------------------------------------------------------
     def open(self, *, clean: bool) -> None:
@@ -173,11 +174,20 @@ class Partition:
                 self._dirty = True
             raise
         self.synced_offset = max(self.synced_offset, upto)
-        if keep := self.config.page_cache_bytes:
-            for seg, size in segs:
-                with contextlib.suppress(OSError):  # (a segment retention has just closed)
-                    seg.drop_cached(size, keep)
+        if self.config.page_cache_bytes:
+            with self.lock:
+                self._droppable.update(segs)
         return upto
+
+    def drop_synced(self) -> None:
+        """Drop synced data older than the most recent ``page_cache_bytes`` from the page cache.
+        Megabytes of pages take most of a millisecond: the log's writer does it after telling
+        the appenders, not between one fdatasync and the next."""
+        with self.lock:
+            droppable, self._droppable = self._droppable, {}
+        for seg, size in droppable.items():
+            with contextlib.suppress(OSError):  # (a segment retention has just closed)
+                seg.drop_cached(size, self.config.page_cache_bytes)
 
     def mark_durable(self, upto: int) -> None:
         if upto > self.durable_offset:

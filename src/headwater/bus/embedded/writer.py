@@ -3,8 +3,10 @@
 Appenders validate and encode their batch in their own thread and queue it here. One thread takes
 everything queued, gives each batch its offsets and writes each partition's batches with one
 ``write``. Under ``always`` durability a second thread then fdatasyncs each touched partition once
-and only then tells the appenders, while the first writes the next round. Concurrent appenders so
-share both the write and the fdatasync.
+and hands the round to a third, which tells its appenders (and then drops synced pages past the
+partition's page-cache window), while the second syncs the next round and the first writes the
+one after: no fdatasync waits for Python work done for the round before it. Concurrent appenders
+so share both the write and the fdatasync.
 
 ``interval`` durability fdatasyncs dirty partitions every ``flush_interval_ms`` and tells appenders
 once their batch is written; ``never`` leaves flushing to the OS. Queued bytes are bounded: past
@@ -15,6 +17,7 @@ without limit.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -89,6 +92,13 @@ class _Part:
         self.parts._done(self.i, base, error)
 
 
+#: A synced round for the teller: what was written, each partition's fdatasync error, and the
+#: failure of the whole round (a bug in the syncer), if any.
+_Round = tuple[
+    list[tuple[Done, int, Partition]], dict[Partition, BaseException], BaseException | None
+]
+
+
 class LogWriter:
     def __init__(
         self,
@@ -110,14 +120,18 @@ class LogWriter:
         self._failure: BaseException | None = None
         self._sync_cond = threading.Condition()
         self._to_sync: list[tuple[Done, int, Partition]] = []
-        self._syncing = False
+        self._untold = 0  # rounds taken by the syncer whose appenders are not told yet
         self._syncer_stop = False
-        self._syncer: threading.Thread | None = None
+        # synced rounds, in order, for the teller (None: no more)
+        self._rounds: queue.SimpleQueue[_Round | None] = queue.SimpleQueue()
+        self._syncers: list[threading.Thread] = []
         if policy == "always":
-            self._syncer = threading.Thread(
-                target=self._run_syncer, name="headwater-log-syncer", daemon=True
-            )
-            self._syncer.start()
+            self._syncers = [
+                threading.Thread(target=self._run_syncer, name="headwater-log-syncer", daemon=True),
+                threading.Thread(target=self._run_teller, name="headwater-log-teller", daemon=True),
+            ]
+            for thread in self._syncers:
+                thread.start()
         self._thread = threading.Thread(target=self._run, name="headwater-log-writer", daemon=True)
         self._thread.start()
 
@@ -165,6 +179,8 @@ class LogWriter:
                     self._cond.notify_all()
             if self.policy == "interval" and (time.monotonic() >= next_sync or closing):
                 self._sync(self._dirty)
+                for p in self._dirty:
+                    p.drop_synced()
                 self._dirty = set()
                 next_sync = time.monotonic() + self._interval
             if closing and not queue:
@@ -222,36 +238,56 @@ class LogWriter:
                 log.debug("append already resolved", exc_info=True)
 
     def _run_syncer(self) -> None:
-        """Under ``always``: fdatasync what the writer wrote, then tell the appenders."""
+        """Under ``always``: fdatasync what the writer wrote, and hand the round to the teller.
+        The next round's fdatasync starts at once: it does not wait for this round's appenders
+        to be told (Python work that would hold it behind the GIL)."""
         while True:
             with self._sync_cond:
                 while not self._to_sync and not self._syncer_stop:
                     self._sync_cond.wait()
                 if not self._to_sync:
-                    return
+                    break
                 written, self._to_sync = self._to_sync, []
-                self._syncing = True
+                self._untold += 1
+            failure: BaseException | None = None
+            errors: dict[Partition, BaseException] = {}
             try:
-                self._sync_round(written)
+                errors = self._sync({p for _, _, p in written})
             except BaseException as e:
                 log.exception("the log syncer failed")
                 with self._cond:
                     self._failure = e
-                error = BusUnavailable(f"the log cannot sync: {e}")
-                _tell([(done, -1, error) for done, _, _ in written])
+                failure = BusUnavailable(f"the log cannot sync: {e}")
+            self._rounds.put((written, errors, failure))
+        self._rounds.put(None)
+
+    def _run_teller(self) -> None:
+        """Under ``always``: tell each synced round's appenders, in order."""
+        while (item := self._rounds.get()) is not None:
+            written, errors, failure = item
+            try:
+                if failure is not None:
+                    _tell([(done, -1, failure) for done, _, _ in written])
+                else:
+                    self._told_round(written, errors)
+            except BaseException:  # a bug: the appenders' futures are resolved or lost with it
+                log.exception("the log's teller failed")
             finally:
                 with self._sync_cond:
-                    self._syncing = False
+                    self._untold -= 1
                     self._sync_cond.notify_all()
 
-    def _sync_round(self, written: list[tuple[Done, int, Partition]]) -> None:
+    def _told_round(
+        self, written: list[tuple[Done, int, Partition]], errors: dict[Partition, BaseException]
+    ) -> None:
         touched = {p for _, _, p in written}
-        errors = self._sync(touched)
         for p in touched:
             if p not in errors:
                 p.mark_durable(p.synced_offset)
         self._on_visible()
         _tell([(done, base, errors.get(p)) for done, base, p in written])
+        for p in touched:
+            p.drop_synced()
 
     def _sync(self, partitions: set[Partition]) -> dict[Partition, BaseException]:
         errors: dict[Partition, BaseException] = {}
@@ -273,17 +309,15 @@ class LogWriter:
             if not self._cond.wait_for(lambda: not self._queue and not self._busy, timeout):
                 return False
         with self._sync_cond:
-            return self._sync_cond.wait_for(
-                lambda: not self._to_sync and not self._syncing, timeout
-            )
+            return self._sync_cond.wait_for(lambda: not self._to_sync and not self._untold, timeout)
 
     def close(self) -> None:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         self._thread.join()
-        if self._syncer is not None:
-            with self._sync_cond:
-                self._syncer_stop = True
-                self._sync_cond.notify_all()
-            self._syncer.join()
+        with self._sync_cond:
+            self._syncer_stop = True
+            self._sync_cond.notify_all()
+        for thread in self._syncers:
+            thread.join()
