@@ -192,15 +192,21 @@ def _merged_parts(batches: Sequence[EncodedBatch], total: int) -> list[bytes | m
         key_lens.append(view[12 * n : 16 * n])
         value_lens.append(view[16 * n : 20 * n])
         header_lens.append(view[20 * n : 24 * n])
-        k = key_lens[-1]
-        k_size = 0 if k == no_keys(n) else sum(x for x in _read_column("i", k) if x > 0)
-        h = header_lens[-1]
-        h_size = 0 if h == no_headers(n) else sum(_read_column("I", h))
+        k = key_lens[-1].tobytes()  # (bytes compare in C; a memoryview byte by byte)
+        k_size = 0 if k == no_keys(n) else _key_bytes(k)
+        h = header_lens[-1].tobytes()
+        h_size = 0 if h == no_headers(n) else sum(_read_column("I", memoryview(h)))
         keys.append(view[24 * n : 24 * n + k_size])
         values.append(view[24 * n + k_size : len(view) - h_size])
         headers.append(view[len(view) - h_size :])
     columns = [contiguous_deltas(total), *timestamps, *key_lens, *value_lens, *header_lens]
     return [*columns, *keys, *values, *headers]
+
+
+def _key_bytes(key_lens: bytes) -> int:
+    """The bytes of a ``key_len`` column's keys (-1: a record without a key, no bytes)."""
+    lens = _read_column("i", memoryview(key_lens))
+    return sum(lens) + lens.count(-1)
 
 
 def _merged(batches: Sequence[EncodedBatch], total: int, body: bytes | memoryview) -> EncodedBatch:
