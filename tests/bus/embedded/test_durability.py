@@ -13,6 +13,7 @@ from tests.bus.embedded.conftest import wait_for
 
 from headwater.bus.embedded import format as fmt
 from headwater.bus.embedded.backend import EmbeddedBus
+from headwater.bus.embedded.partition import Partition
 from headwater.bus.embedded.segment import Segment
 from headwater.bus.errors import BusUnavailable
 from headwater.bus.records import Message
@@ -112,28 +113,64 @@ def test_append_many_queues_all_topics_or_none(open_log: OpenLog) -> None:
 
 
 def test_the_next_fdatasync_does_not_wait_for_the_last_round_to_be_told(
-    open_log: OpenLog, syncs: list[int]
+    open_log: OpenLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Under ``always`` the syncer hands a synced round to the teller and syncs the next one at
-    once; the teller tells the rounds in order."""
+    """Under ``always``, when more is written by the time a round is synced, the syncer hands
+    the round to the teller and syncs the next one at once; the teller tells rounds in order."""
+    real, syncs, sync_gate, syncing = Segment.sync, [], threading.Event(), threading.Event()
+
+    def gated(self: Segment) -> None:
+        if not syncs:
+            syncing.set()
+            sync_gate.wait(30)  # (the first fdatasync is held until the second batch is written)
+        real(self)
+        syncs.append(self.next_offset)
+
+    monkeypatch.setattr(Segment, "sync", gated)
     bus = open_log(durability="always", default_partitions=1)
     bus.create_topic("t")
+    part = bus._topics["t"][0]
     batch = fmt.encode([Message(b"x" * 200) for _ in range(10)], 1)
     release, told = threading.Event(), []
 
     def first(base: int, error: BaseException | None) -> None:
-        release.wait(30)  # (the teller is held here)
+        release.wait(30)  # (whoever tells the first round is held here)
         told.append(("first", base, error))
 
     def second(base: int, error: BaseException | None) -> None:
         told.append(("second", base, error))
 
     bus.append_encoded([("t", 0, batch, first)])
-    wait_for(lambda: bool(syncs), "the first round's fdatasync")
+    assert syncing.wait(10), "the first round's fdatasync did not start"
     bus.append_encoded([("t", 0, batch, second)])
+    wait_for(lambda: part.next_offset == 20, "the second batch written")
+    sync_gate.set()
     # the second batch is fdatasync'd while the first round's appender is still being told
-    wait_for(lambda: syncs[-1] >= 20, "the second round's fdatasync")
+    wait_for(lambda: len(syncs) == 2 and syncs[-1] == 20, "the second round's fdatasync")
     assert told == []
     release.set()
     wait_for(lambda: len(told) == 2, "both rounds told")
     assert told == [("first", 0, None), ("second", 10, None)]
+
+
+def test_a_round_with_nothing_written_after_it_is_told_by_the_syncer(
+    open_log: OpenLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing more to sync, the syncer tells the round itself (no hand-off in the way of
+    its acks); its pages are still dropped by the teller."""
+    bus = open_log(durability="always", default_partitions=1)
+    bus.create_topic("t")
+    threads: list[str] = []
+    real = Partition.drop_synced
+
+    def drop(self: Partition) -> None:
+        threads.append("drop " + threading.current_thread().name)
+        real(self)
+
+    monkeypatch.setattr(Partition, "drop_synced", drop)
+    batch = fmt.encode([Message(b"x" * 200) for _ in range(10)], 1)
+    bus.append_encoded(
+        [("t", 0, batch, lambda base, error: threads.append(threading.current_thread().name))]
+    )
+    wait_for(lambda: len(threads) == 2, "the round told and its pages dropped")
+    assert threads == ["headwater-log-syncer", "drop headwater-log-teller"]

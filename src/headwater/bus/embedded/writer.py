@@ -3,10 +3,12 @@
 Appenders validate and encode their batch in their own thread and queue it here. One thread takes
 everything queued, gives each batch its offsets and writes each partition's batches with one
 ``write``. Under ``always`` durability a second thread then fdatasyncs each touched partition once
-and hands the round to a third, which tells its appenders (and then drops synced pages past the
-partition's page-cache window), while the second syncs the next round and the first writes the
-one after: no fdatasync waits for Python work done for the round before it. Concurrent appenders
-so share both the write and the fdatasync.
+and tells the round's appenders, while the first writes the next round. When the next round is
+already written by then, the second thread hands the round to a third (the teller) and syncs the
+next one at once: no fdatasync waits behind Python work done for the round before it, and a
+round with nothing after it has no hand-off in the way of its acks. The teller also drops each
+round's synced pages past the page-cache window. Concurrent appenders so share both the write and
+the fdatasync.
 
 ``interval`` durability fdatasyncs dirty partitions every ``flush_interval_ms`` and tells appenders
 once their batch is written; ``never`` leaves flushing to the OS. Queued bytes are bounded: past
@@ -92,10 +94,10 @@ class _Part:
         self.parts._done(self.i, base, error)
 
 
-#: A synced round for the teller: what was written, each partition's fdatasync error, and the
-#: failure of the whole round (a bug in the syncer), if any.
+#: A synced round for the teller: what was written, each partition's fdatasync error, the
+#: failure of the whole round (a bug in the syncer), if any, and whether the syncer told it.
 _Round = tuple[
-    list[tuple[Done, int, Partition]], dict[Partition, BaseException], BaseException | None
+    list[tuple[Done, int, Partition]], dict[Partition, BaseException], BaseException | None, bool
 ]
 
 
@@ -238,9 +240,11 @@ class LogWriter:
                 log.debug("append already resolved", exc_info=True)
 
     def _run_syncer(self) -> None:
-        """Under ``always``: fdatasync what the writer wrote, and hand the round to the teller.
-        The next round's fdatasync starts at once: it does not wait for this round's appenders
-        to be told (Python work that would hold it behind the GIL)."""
+        """Under ``always``: fdatasync what the writer wrote, then tell the round's appenders.
+        When the writer has already written more by then (or the teller is still telling an
+        earlier round), the round goes to the teller instead and the next fdatasync starts at
+        once, not behind Python work done for this one; otherwise it is told here, without a
+        thread hand-off in its acks' way. The teller drops each round's synced pages."""
         while True:
             with self._sync_cond:
                 while not self._to_sync and not self._syncer_stop:
@@ -258,36 +262,46 @@ class LogWriter:
                 with self._cond:
                     self._failure = e
                 failure = BusUnavailable(f"the log cannot sync: {e}")
-            self._rounds.put((written, errors, failure))
+            with self._sync_cond:
+                here = failure is None and not self._to_sync and self._untold == 1
+            if here:
+                self._tell_taken(written, errors, None)
+            self._rounds.put((written, errors, failure, here))
         self._rounds.put(None)
 
     def _run_teller(self) -> None:
-        """Under ``always``: tell each synced round's appenders, in order."""
+        """Under ``always``: tell, in order, the synced rounds the syncer handed over, and drop
+        every round's synced pages past the page-cache window (most of a millisecond for
+        megabytes of pages: never between two fdatasyncs)."""
         while (item := self._rounds.get()) is not None:
-            written, errors, failure = item
-            try:
-                if failure is not None:
-                    _tell([(done, -1, failure) for done, _, _ in written])
-                else:
-                    self._told_round(written, errors)
-            except BaseException:  # a bug: the appenders' futures are resolved or lost with it
-                log.exception("the log's teller failed")
-            finally:
-                with self._sync_cond:
-                    self._untold -= 1
-                    self._sync_cond.notify_all()
+            written, errors, failure, told = item
+            if not told:
+                self._tell_taken(written, errors, failure)
+            for p in {p for _, _, p in written}:
+                p.drop_synced()
 
-    def _told_round(
-        self, written: list[tuple[Done, int, Partition]], errors: dict[Partition, BaseException]
+    def _tell_taken(
+        self,
+        written: list[tuple[Done, int, Partition]],
+        errors: dict[Partition, BaseException],
+        failure: BaseException | None,
     ) -> None:
-        touched = {p for _, _, p in written}
-        for p in touched:
-            if p not in errors:
-                p.mark_durable(p.synced_offset)
-        self._on_visible()
-        _tell([(done, base, errors.get(p)) for done, base, p in written])
-        for p in touched:
-            p.drop_synced()
+        """Tell the appenders of a round the syncer took, and count it told."""
+        try:
+            if failure is not None:
+                _tell([(done, -1, failure) for done, _, _ in written])
+                return
+            for p in {p for _, _, p in written}:
+                if p not in errors:
+                    p.mark_durable(p.synced_offset)
+            self._on_visible()
+            _tell([(done, base, errors.get(p)) for done, base, p in written])
+        except BaseException:  # a bug: the appenders' futures are resolved or lost with it
+            log.exception("the log failed telling its appenders")
+        finally:
+            with self._sync_cond:
+                self._untold -= 1
+                self._sync_cond.notify_all()
 
     def _sync(self, partitions: set[Partition]) -> dict[Partition, BaseException]:
         errors: dict[Partition, BaseException] = {}
