@@ -15,6 +15,7 @@ from headwater.bus.embedded import format as fmt
 from headwater.bus.embedded.backend import EmbeddedBus
 from headwater.bus.embedded.partition import Partition
 from headwater.bus.embedded.segment import Segment
+from headwater.bus.embedded.writer import HANDOFF_BYTES
 from headwater.bus.errors import BusUnavailable
 from headwater.bus.records import Message
 
@@ -115,8 +116,9 @@ def test_append_many_queues_all_topics_or_none(open_log: OpenLog) -> None:
 def test_the_next_fdatasync_does_not_wait_for_the_last_round_to_be_told(
     open_log: OpenLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Under ``always``, when more is written by the time a round is synced, the syncer hands
-    the round to the teller and syncs the next one at once; the teller tells rounds in order."""
+    """Under ``always``, when ``HANDOFF_BYTES`` or more is written by the time a round is
+    synced, the syncer hands the round to the teller and syncs the next one at once; the teller
+    tells rounds in order."""
     real, syncs, sync_gate, syncing = Segment.sync, [], threading.Event(), threading.Event()
 
     def gated(self: Segment) -> None:
@@ -131,6 +133,7 @@ def test_the_next_fdatasync_does_not_wait_for_the_last_round_to_be_told(
     bus.create_topic("t")
     part = bus._topics["t"][0]
     batch = fmt.encode([Message(b"x" * 200) for _ in range(10)], 1)
+    big = fmt.encode([Message(b"y" * 1000) for _ in range(HANDOFF_BYTES // 1000 + 1)], 1)
     release, told = threading.Event(), []
 
     def first(base: int, error: BaseException | None) -> None:
@@ -142,22 +145,23 @@ def test_the_next_fdatasync_does_not_wait_for_the_last_round_to_be_told(
 
     bus.append_encoded([("t", 0, batch, first)])
     assert syncing.wait(10), "the first round's fdatasync did not start"
-    bus.append_encoded([("t", 0, batch, second)])
-    wait_for(lambda: part.next_offset == 20, "the second batch written")
+    bus.append_encoded([("t", 0, big, second)])
+    end = 10 + big.count
+    wait_for(lambda: part.next_offset == end, "the second batch written")
     sync_gate.set()
     # the second batch is fdatasync'd while the first round's appender is still being told
-    wait_for(lambda: len(syncs) == 2 and syncs[-1] == 20, "the second round's fdatasync")
+    wait_for(lambda: len(syncs) == 2 and syncs[-1] == end, "the second round's fdatasync")
     assert told == []
     release.set()
     wait_for(lambda: len(told) == 2, "both rounds told")
     assert told == [("first", 0, None), ("second", 10, None)]
 
 
-def test_a_round_with_nothing_written_after_it_is_told_by_the_syncer(
+def test_a_round_with_little_written_after_it_is_told_by_the_syncer(
     open_log: OpenLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With nothing more to sync, the syncer tells the round itself (no hand-off in the way of
-    its acks); its pages are still dropped by the teller."""
+    """With less than ``HANDOFF_BYTES`` more to sync, the syncer tells the round itself (no
+    hand-off in the way of its acks); its pages are still dropped by the teller."""
     bus = open_log(durability="always", default_partitions=1)
     bus.create_topic("t")
     threads: list[str] = []
