@@ -178,3 +178,26 @@ def test_a_round_with_little_written_after_it_is_told_by_the_syncer(
     )
     wait_for(lambda: len(threads) == 2, "the round told and its pages dropped")
     assert threads == ["headwater-log-syncer", "drop headwater-log-teller"]
+
+
+def test_a_failing_tell_fails_the_rest_of_the_round_instead_of_hanging_it(
+    open_log: OpenLog,
+) -> None:
+    """A bug in telling one appender (its ``Done`` raises) fails the round's other appenders
+    and the log, rather than leaving them waiting forever."""
+    bus = open_log(durability="always", default_partitions=1)
+    bus.create_topic("t")
+    batch = fmt.encode([Message(b"x" * 200) for _ in range(10)], 1)
+    told: list[tuple[int, BaseException | None]] = []
+
+    def broken(base: int, error: BaseException | None) -> None:
+        if error is None:
+            raise RuntimeError("a bug in an appender's callback")
+
+    bus.append_encoded([("t", 0, batch, broken), ("t", 0, batch, lambda b, e: told.append((b, e)))])
+    wait_for(lambda: bool(told), "the other appender told")
+    ((base, error),) = told
+    assert base == -1 and isinstance(error, BusUnavailable)
+    assert "cannot tell its appenders" in str(error)
+    with pytest.raises(BusUnavailable):
+        bus.append("t", [Message(b"y")])

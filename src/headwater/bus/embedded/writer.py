@@ -7,9 +7,8 @@ and tells the round's appenders, while the first writes the next round. When muc
 round is already written by then (``HANDOFF_BYTES``), the second thread hands the round to a
 third (the teller) and syncs the next one at once: a large fdatasync does not wait behind Python
 work done for the round before it, and a round with little after it has no hand-off in the way
-of its acks. The teller also drops each
-round's synced pages past the page-cache window. Concurrent appenders so share both the write and
-the fdatasync.
+of its acks. The teller also drops each round's synced pages past the page-cache window.
+Concurrent appenders so share both the write and the fdatasync.
 
 ``interval`` durability fdatasyncs dirty partitions every ``flush_interval_ms`` and tells appenders
 once their batch is written; ``never`` leaves flushing to the OS. Queued bytes are bounded: past
@@ -19,6 +18,7 @@ without limit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -308,8 +308,14 @@ class LogWriter:
                     p.mark_durable(p.synced_offset)
             self._on_visible()
             _tell([(done, base, errors.get(p)) for done, base, p in written])
-        except BaseException:  # a bug: the appenders' futures are resolved or lost with it
+        except BaseException as e:  # a bug, not I/O: fail loudly, never hang appenders
             log.exception("the log failed telling its appenders")
+            with self._cond:
+                self._failure = e
+            error = BusUnavailable(f"the log cannot tell its appenders: {e}")
+            for done, _, _ in written:
+                with contextlib.suppress(Exception):  # (one told before the failure)
+                    _tell([(done, -1, error)])
         finally:
             with self._sync_cond:
                 self._untold -= 1
