@@ -18,13 +18,12 @@ without limit.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from headwater.bus.embedded import format as fmt
 from headwater.bus.embedded.partition import Partition
@@ -102,11 +101,20 @@ class _Part:
         self.parts._done(self.i, base, error)
 
 
-#: A synced round for the teller: what was written, each partition's fdatasync error, the
-#: failure of the whole round (a bug in the syncer), if any, and whether the syncer told it.
-_Round = tuple[
-    list[tuple[Done, int, Partition]], dict[Partition, BaseException], BaseException | None, bool
-]
+class _Round(NamedTuple):
+    """A round the syncer took: what was written and the partitions it touched, each
+    partition's fdatasync error, the failure of the whole round (a bug in the syncer), if any,
+    and whether the syncer told it itself."""
+
+    written: list[tuple[Done, int, Partition]]
+    touched: set[Partition]
+    errors: dict[Partition, BaseException]
+    failure: BaseException | None
+    told: bool
+
+
+def _dones(taken: _Round) -> list[Done]:
+    return [done for done, _, _ in taken.written]
 
 
 class LogWriter:
@@ -183,7 +191,7 @@ class LogWriter:
                 self._write(queue)
             except BaseException as e:  # a bug, not I/O: fail loudly, never hang appenders
                 log.exception("the log writer failed")
-                self._fail_everything(queue, e)
+                self._fail_everything([done for _, _, done in queue], e, "write")
             finally:
                 with self._cond:
                     self._busy = False
@@ -237,13 +245,13 @@ class LogWriter:
             self._on_visible()
         _tell([(done, base, None) for done, base, _ in written])
 
-    def _fail_everything(
-        self, queue: list[tuple[Partition, fmt.EncodedBatch, Done]], error: BaseException
-    ) -> None:
+    def _fail_everything(self, dones: list[Done], error: BaseException, doing: str) -> None:
+        """A bug, not I/O, while ``doing`` (write, sync, ...): the log refuses appends from now
+        on, and each of ``dones`` is told so (one already told is passed over)."""
         with self._cond:
             self._failure = error
-        failure = BusUnavailable(f"the log cannot write: {error}")
-        for _, _, done in queue:
+        failure = BusUnavailable(f"the log cannot {doing}: {error}")
+        for done in dones:
             try:
                 _tell([(done, -1, failure)])
             except Exception:  # a future already resolved: nothing left to tell
@@ -265,57 +273,48 @@ class LogWriter:
                 written, self._to_sync = self._to_sync, []
                 self._to_sync_bytes = 0
                 self._untold += 1
+            touched = {p for _, _, p in written}
             failure: BaseException | None = None
             errors: dict[Partition, BaseException] = {}
             try:
-                errors = self._sync({p for _, _, p in written})
+                errors = self._sync(touched)
             except BaseException as e:
                 log.exception("the log syncer failed")
                 with self._cond:
-                    self._failure = e
-                failure = BusUnavailable(f"the log cannot sync: {e}")
+                    self._failure = e  # (refused from now on, before the round is told)
+                failure = e
             with self._sync_cond:
                 here = failure is None and self._to_sync_bytes < HANDOFF_BYTES and self._untold == 1
+            taken = _Round(written, touched, errors, failure, here)
             if here:
-                self._tell_taken(written, errors, None)
-            self._rounds.put((written, errors, failure, here))
+                self._tell_taken(taken)
+            self._rounds.put(taken)
         self._rounds.put(None)
 
     def _run_teller(self) -> None:
         """Under ``always``: tell, in order, the synced rounds the syncer handed over, and drop
         every round's synced pages past the page-cache window (most of a millisecond for
         megabytes of pages: never between two fdatasyncs)."""
-        while (item := self._rounds.get()) is not None:
-            written, errors, failure, told = item
-            if not told:
-                self._tell_taken(written, errors, failure)
-            for p in {p for _, _, p in written}:
+        while (taken := self._rounds.get()) is not None:
+            if not taken.told:
+                self._tell_taken(taken)
+            for p in taken.touched:
                 p.drop_synced()
 
-    def _tell_taken(
-        self,
-        written: list[tuple[Done, int, Partition]],
-        errors: dict[Partition, BaseException],
-        failure: BaseException | None,
-    ) -> None:
+    def _tell_taken(self, taken: _Round) -> None:
         """Tell the appenders of a round the syncer took, and count it told."""
         try:
-            if failure is not None:
-                _tell([(done, -1, failure) for done, _, _ in written])
+            if taken.failure is not None:
+                self._fail_everything(_dones(taken), taken.failure, "sync")
                 return
-            for p in {p for _, _, p in written}:
-                if p not in errors:
+            for p in taken.touched:
+                if p not in taken.errors:
                     p.mark_durable(p.synced_offset)
             self._on_visible()
-            _tell([(done, base, errors.get(p)) for done, base, p in written])
+            _tell([(done, base, taken.errors.get(p)) for done, base, p in taken.written])
         except BaseException as e:  # a bug, not I/O: fail loudly, never hang appenders
             log.exception("the log failed telling its appenders")
-            with self._cond:
-                self._failure = e
-            error = BusUnavailable(f"the log cannot tell its appenders: {e}")
-            for done, _, _ in written:
-                with contextlib.suppress(Exception):  # (one told before the failure)
-                    _tell([(done, -1, error)])
+            self._fail_everything(_dones(taken), e, "tell its appenders")
         finally:
             with self._sync_cond:
                 self._untold -= 1
