@@ -9,10 +9,12 @@ from typing import Any
 import grpc
 import pytest
 from grpc import aio
+from hpack import Decoder, Encoder
 
+from headwater.collector import http2 as h2
 from headwater.collector.config import LimitsConfig
 from headwater.collector.errors import Code, Rejected, unavailable
-from headwater.collector.grpc_server import GrpcServer, peer_ip
+from headwater.collector.grpc_server import GrpcServer
 from headwater.collector.protocols import raccoon
 
 LIMITS = LimitsConfig()
@@ -50,6 +52,12 @@ Handle = Callable[[bytes, Mapping[str, str], str], Awaitable[bytes]]
 
 
 async def serve(
+    handle: Handle, body: Callable[[GrpcServer, aio.Channel], Awaitable[None]], **kw: Any
+) -> None:
+    await serve_async(handle, body, **kw)
+
+
+async def serve_async(
     handle: Handle, body: Callable[[GrpcServer, aio.Channel], Awaitable[None]], **kw: Any
 ) -> None:
     server = GrpcServer(handle, "127.0.0.1", 0, kw.get("max_message_bytes", 1 << 20))
@@ -229,16 +237,345 @@ def test_a_port_in_use_is_an_error() -> None:
     asyncio.run(main())
 
 
+# -- behaviour a grpc.aio client shows ------------------------------------------------------------
+
+
+def test_an_unknown_method_is_unimplemented_and_the_connection_goes_on() -> None:
+    rec = Recorder()
+
+    async def body(server: GrpcServer, channel: aio.Channel) -> None:
+        with pytest.raises(aio.AioRpcError) as info:
+            await channel.unary_unary("/raystack.raccoon.v1beta1.EventService/Other")(
+                request(), timeout=10
+            )
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "EventService/Other" in (info.value.details() or "")
+        ok = parse_response(await send_event(channel)(request("after"), timeout=10))
+        assert ok.data["req_guid"] == "after"
+
+    asyncio.run(serve(rec, body))
+    assert [raw for raw, _, _ in rec.calls] == [request("after")]
+
+
+@pytest.mark.parametrize("compression", [grpc.Compression.Gzip, grpc.Compression.Deflate])
+def test_a_compressed_request_reaches_the_handler_decompressed(
+    compression: grpc.Compression,
+) -> None:
+    rec = Recorder()
+    big = request("zipped", n=50, size=400)  # compresses well
+
+    async def body(server: GrpcServer, channel: aio.Channel) -> None:
+        reply = parse_response(await send_event(channel)(big, compression=compression, timeout=10))
+        assert reply.data["req_guid"] == "zipped"
+
+    asyncio.run(serve(rec, body))
+    assert [raw for raw, _, _ in rec.calls] == [big]
+
+
+def test_calls_on_one_connection_are_answered_each_with_its_own_response() -> None:
+    """Twenty calls in flight on one channel, finished by the handler in reverse order."""
+
+    async def main() -> None:
+        gates = {f"g-{i}": asyncio.Event() for i in range(20)}
+        arrived: list[str] = []
+
+        async def handle(raw: bytes, metadata: Mapping[str, str], peer: str) -> bytes:
+            guid = raccoon.decode_request(raw, LIMITS).request_id or ""
+            arrived.append(guid)
+            await gates[guid].wait()
+            return raccoon.ok_response_bytes(guid)
+
+        async def body(server: GrpcServer, channel: aio.Channel) -> None:
+            call = send_event(channel)
+            calls = [asyncio.ensure_future(call(request(g), timeout=30)) for g in gates]
+            while len(arrived) < len(gates):
+                await asyncio.wait(calls, timeout=0.05)  # the handlers block: none finishes
+            for guid in reversed(list(gates)):
+                gates[guid].set()
+            replies = [parse_response(r) for r in await asyncio.gather(*calls)]
+            assert [r.data["req_guid"] for r in replies] == list(gates)
+
+        await serve_async(handle, body)
+
+    asyncio.run(main())
+
+
+def test_a_message_over_many_frames_is_put_back_together() -> None:
+    rec = Recorder()
+    big = request("big", n=30, size=10_000)  # ~300 kB: many DATA frames
+
+    async def body(server: GrpcServer, channel: aio.Channel) -> None:
+        reply = parse_response(await send_event(channel)(big, timeout=10))
+        assert reply.data["req_guid"] == "big"
+
+    asyncio.run(serve(rec, body))
+    assert [raw for raw, _, _ in rec.calls] == [big]
+
+
+def test_a_cancelled_call_still_runs_its_handler_and_others_are_served() -> None:
+    async def main() -> None:
+        entered = asyncio.Event()
+        release = asyncio.Event()
+        finished: list[str] = []
+
+        async def handle(raw: bytes, metadata: Mapping[str, str], peer: str) -> bytes:
+            guid = raccoon.decode_request(raw, LIMITS).request_id or ""
+            if guid == "slow":
+                entered.set()
+                await release.wait()
+            finished.append(guid)
+            return raccoon.ok_response_bytes(guid)
+
+        async def body(server: GrpcServer, channel: aio.Channel) -> None:
+            call = send_event(channel)
+            slow = call(request("slow"), timeout=30)
+            waiting = asyncio.ensure_future(slow)
+            await entered.wait()
+            slow.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            release.set()
+            reply = parse_response(await call(request("next"), timeout=10))
+            assert reply.data["req_guid"] == "next"
+
+        await serve_async(handle, body)
+        assert sorted(finished) == ["next", "slow"]  # nothing the client sent was dropped
+
+    asyncio.run(main())
+
+
+def test_a_call_left_running_at_the_end_of_the_grace_is_cancelled() -> None:
+    async def main() -> None:
+        entered = asyncio.Event()
+
+        async def stuck(raw: bytes, metadata: Mapping[str, str], peer: str) -> bytes:
+            entered.set()
+            await asyncio.Event().wait()
+            raise AssertionError("never released")
+
+        server = GrpcServer(stuck, "127.0.0.1", 0, 1 << 20)
+        port = await server.start()
+        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            in_flight = asyncio.ensure_future(send_event(channel)(request(), timeout=30))
+            await entered.wait()
+            await server.stop(0.2)
+            with pytest.raises(aio.AioRpcError) as info:
+                await in_flight
+            assert info.value.code() == grpc.StatusCode.CANCELLED
+            assert "stopping" in (info.value.details() or "")
+
+    asyncio.run(main())
+
+
+def test_the_server_runs_on_uvloop() -> None:
+    """The intake's loop is uvloop, whose transports are not asyncio's classes."""
+    import uvloop
+
+    rec = Recorder()
+
+    async def body(server: GrpcServer, channel: aio.Channel) -> None:
+        reply = parse_response(await send_event(channel)(request("uv"), timeout=10))
+        assert reply.data["req_guid"] == "uv"
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(serve(rec, body))
+    assert len(rec.calls) == 1
+
+
+# -- HTTP/2 frame by frame ------------------------------------------------------------------------
+
+
+class RawClient:
+    """An HTTP/2 client frame by frame: what a grpc.aio client never sends, or sends too fast
+    to see (a small window, a broken header block, not HTTP/2 at all)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.encoder = Encoder()
+        self.decoder = Decoder()
+
+    @classmethod
+    async def connect(cls, port: int, settings: dict[int, int] | None = None) -> RawClient:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        client = cls(reader, writer)
+        writer.write(h2.PREFACE + h2.settings_frame(settings or {}))
+        kind, _, stream, _ = await client.frame(windows=True)  # the server's greeting, opening
+        assert (kind, stream) == (h2.WINDOW_UPDATE, 0)  # the connection's window wide
+        return client
+
+    def headers(self, stream: int, extra: list[tuple[str, str]] | None = None) -> None:
+        block = self.encoder.encode(
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", raccoon.METHOD),
+                (":authority", "localhost"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+                *(extra or []),
+            ]
+        )
+        self.writer.write(h2.frame(h2.HEADERS, h2.END_HEADERS, stream, block))
+
+    def message(self, stream: int, message: bytes) -> None:
+        data = b"\x00" + len(message).to_bytes(4, "big") + message
+        self.writer.write(h2.frame(h2.DATA, h2.END_STREAM, stream, data))
+
+    async def ping(self) -> list[tuple[int, int, int, bytes]]:
+        """Send a PING and read up to its ACK; returns the frames the server sent before it."""
+        self.writer.write(h2.frame(h2.PING, 0, 0, b"12345678"))
+        before = []
+        while (got := await self.frame(windows=True)) != (h2.PING, h2.ACK, 0, b"12345678"):
+            before.append(got)
+        return before
+
+    async def frame(self, windows: bool = False) -> tuple[int, int, int, bytes]:
+        """The next frame other than the server's SETTINGS, its ACK and (unless ``windows``)
+        WINDOW_UPDATE on the connection."""
+        while True:
+            head = await asyncio.wait_for(self.reader.readexactly(h2.FRAME_HEAD_SIZE), 10)
+            high, low, kind, flags, stream = h2.FRAME_HEAD.unpack(head)
+            payload = await asyncio.wait_for(self.reader.readexactly(high << 8 | low), 10)
+            if kind == h2.SETTINGS or (kind == h2.WINDOW_UPDATE and not stream and not windows):
+                continue
+            if kind == h2.HEADERS:
+                payload = repr(self.decoder.decode(payload, raw=True)).encode()
+            return kind, flags, stream, payload
+
+    async def close(self) -> None:
+        self.writer.close()
+        await self.writer.wait_closed()
+
+
+async def raw_server(handle: Handle, max_message_bytes: int = 1 << 20) -> GrpcServer:
+    server = GrpcServer(handle, "127.0.0.1", 0, max_message_bytes)
+    await server.start()
+    return server
+
+
+def test_an_answer_waits_for_the_clients_flow_control_window() -> None:
+    response = bytes(range(100))
+
+    async def handle(raw: bytes, metadata: Mapping[str, str], peer: str) -> bytes:
+        return response
+
+    async def main() -> None:
+        server = await raw_server(handle)
+        client = await RawClient.connect(server.port, {h2.INITIAL_WINDOW_SIZE: 10})
+        try:
+            client.headers(1)
+            client.message(1, request())
+            kind, flags, stream, block = await client.frame()
+            assert (kind, stream) == (h2.HEADERS, 1) and not flags & h2.END_STREAM
+            assert b"application/grpc" in block
+            kind, _, stream, first = await client.frame()
+            assert (kind, stream, len(first)) == (h2.DATA, 1, 10)  # what the window allows
+            assert await client.ping() == []  # and nothing more
+            client.writer.write(h2.window_update(1, 1000))
+            kind, _, stream, rest = await client.frame()
+            assert (kind, stream) == (h2.DATA, 1)
+            assert first + rest == b"\x00" + (100).to_bytes(4, "big") + response
+            kind, flags, stream, trailers = await client.frame()
+            assert (kind, stream) == (h2.HEADERS, 1) and flags & h2.END_STREAM
+            assert b"(b'grpc-status', b'0')" in trailers
+        finally:
+            await client.close()
+            await server.stop(1)
+
+    asyncio.run(main())
+
+
+def test_metadata_over_the_limit_is_refused_and_the_connection_goes_on() -> None:
+    rec = Recorder()
+
+    async def main() -> None:
+        server = await raw_server(rec)
+        client = await RawClient.connect(server.port)
+        try:
+            client.headers(1, [("x-big", "v" * 20_000)])
+            client.message(1, request("big"))
+            kind, flags, stream, trailers = await client.frame()
+            assert (kind, stream) == (h2.HEADERS, 1) and flags & h2.END_STREAM
+            assert b"(b'grpc-status', b'8')" in trailers and b"metadata" in trailers
+            # and the client is told to stop sending the request, which is not read
+            assert await client.frame() == (h2.RST_STREAM, 0, 1, bytes(4))
+            client.headers(3)
+            client.message(3, request("small"))
+            kinds = [(await client.frame())[:3] for _ in range(3)]
+            assert [k for k, _, _ in kinds] == [h2.HEADERS, h2.DATA, h2.HEADERS]
+            assert {s for _, _, s in kinds} == {3}
+        finally:
+            await client.close()
+            await server.stop(1)
+
+    asyncio.run(main())
+    assert [raw for raw, _, _ in rec.calls] == [request("small")]
+
+
 @pytest.mark.parametrize(
-    ("peer", "ip"),
+    ("sent", "code"),
     [
-        ("ipv4:127.0.0.1:5555", "127.0.0.1"),
-        ("ipv6:[::1]:5555", "::1"),
-        ("ipv6:%5B::1%5D:5555", "::1"),
-        ("ipv6:[fe80::1%25eth0]:80", "fe80::1%eth0"),
-        ("unix:/tmp/socket", ""),
-        ("", ""),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", h2.PROTOCOL_ERROR),
+        (h2.PREFACE + h2.frame(h2.HEADERS, h2.END_HEADERS, 1, b"\xff\xff\xff\xff"), 9),
+        (h2.PREFACE + h2.frame(h2.HEADERS, h2.END_HEADERS, 2, b"\x82"), h2.PROTOCOL_ERROR),
+        (h2.PREFACE + h2.frame(h2.PING, 0, 0, b"short"), h2.PROTOCOL_ERROR),
+        (h2.PREFACE + h2.frame(h2.DATA, 0, 7, b"\x00"), h2.PROTOCOL_ERROR),
+        (h2.PREFACE + h2.frame(h2.CONTINUATION, h2.END_HEADERS, 1, b"\x82"), h2.PROTOCOL_ERROR),
     ],
+    ids=["http1", "bad-hpack", "even-stream", "short-ping", "data-on-idle", "stray-continuation"],
 )
-def test_peer_ip(peer: str, ip: str) -> None:
-    assert peer_ip(peer) == ip
+def test_a_broken_connection_gets_goaway_and_others_are_untouched(sent: bytes, code: int) -> None:
+    rec = Recorder()
+
+    async def main() -> None:
+        server = await raw_server(rec)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(sent)
+            broken = RawClient(reader, writer)
+            kind, _, _, payload = await broken.frame()
+            assert kind == h2.GOAWAY
+            assert int.from_bytes(payload[4:8], "big") == code
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # then closed
+            await broken.close()
+            async with aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                reply = parse_response(await send_event(channel)(request("fine"), timeout=10))
+                assert reply.data["req_guid"] == "fine"
+        finally:
+            await server.stop(1)
+
+    asyncio.run(main())
+    assert [raw for raw, _, _ in rec.calls] == [request("fine")]
+
+
+def test_requests_still_arriving_hold_the_connections_window() -> None:
+    """Bytes of requests not yet whole are not given back to the client's connection window, so
+    unfinished requests cannot make a connection hold more than its window."""
+    rec = Recorder()
+    mib = 1 << 20
+    message = request("held", n=1, size=10 * mib - 100)
+
+    async def main() -> None:
+        server = await raw_server(rec, max_message_bytes=16 * mib)
+        client = await RawClient.connect(server.port)
+        try:
+            data = b"\x00" + len(message).to_bytes(4, "big") + message
+            client.headers(1)
+            parts = [data[i : i + mib] for i in range(0, len(data), mib)]
+            for part in parts[:-1]:
+                client.writer.write(h2.frame(h2.DATA, 0, 1, part))
+            # over half the connection's window received, but no request whole: the stream's
+            # own window is topped up, the connection's is not
+            before = await client.ping()
+            assert [(kind, stream) for kind, _, stream, _ in before] == [(h2.WINDOW_UPDATE, 1)]
+            client.writer.write(h2.frame(h2.DATA, h2.END_STREAM, 1, parts[-1]))
+            kind, _, stream, payload = await client.frame(windows=True)
+            assert (kind, stream) == (h2.WINDOW_UPDATE, 0)
+            assert h2.u32(payload) == len(data)
+        finally:
+            await client.close()
+            await server.stop(1)
+
+    asyncio.run(main())
+    assert [raw for raw, _, _ in rec.calls] == [message]

@@ -1,34 +1,48 @@
 """The gRPC intake: Raccoon's ``EventService/SendEvent`` on its own port.
 
-The method is served through a generic handler with no generated stubs. The request reaches
-``handle`` as the raw bytes the client sent, so it goes through the same decoder as the
-WebSocket and REST intakes and a bad request is answered with a normal ``SendEventResponse``
-(``STATUS_ERROR``/``CODE_BAD_REQUEST`` and a reason), as Raccoon answers it. ``handle`` returns
-the serialized response; a ``Rejected`` it raises is answered with its code and reason, and any
-other exception with ``CODE_INTERNAL_ERROR`` (and logged). A message over ``max_message_bytes``
-is refused by gRPC itself before it is read: the client gets ``RESOURCE_EXHAUSTED`` with gRPC's
-message naming both sizes.
+The server speaks HTTP/2 itself (``http2``), on the intake's event loop, for the one unary method
+it serves. grpc.aio's server was the bound here: with one connection carrying many calls (a gRPC
+client's normal shape) about 60% of the intake's loop thread went to grpc.aio's own per-call
+machinery (270-350 µs a call, measured). A call here is a few frames parsed from the bytes
+received, one task running ``handle``, and three frames written back (joined with the other
+answers ready in the same loop turn), with nothing in another thread.
 
-``handle`` gets the call's metadata (keys are lowercase on the wire already; binary ``-bin``
-entries are left out; the first value of a repeated key wins) and the peer's IP address.
+``handle(request bytes, metadata, peer ip)`` gets the request message as the client sent it (so
+it goes through the same decoder as the WebSocket and REST intakes: a bad request is answered
+with a normal ``SendEventResponse``, ``STATUS_ERROR``/``CODE_BAD_REQUEST`` and a reason, as
+Raccoon answers it) and returns the serialized response. A ``Rejected`` it raises is answered
+with its code and reason, and any other exception with ``CODE_INTERNAL_ERROR`` (and logged).
+Metadata keys are lowercase (HTTP/2 sends them so), binary ``-bin`` entries are left out, and the
+first value of a repeated key wins.
+
+What the server answers with a gRPC status instead (the handler never sees these calls):
+- a message over ``max_message_bytes``: ``RESOURCE_EXHAUSTED`` naming both sizes, as soon as
+  the message's length prefix arrives; the rest of it is not read;
+- a path other than ``/raccoon.EventService/SendEvent``: ``UNIMPLEMENTED``;
+- a ``grpc-encoding`` other than identity, gzip or deflate: ``UNIMPLEMENTED``;
+- no message, a cut-off one, or more than one: ``INTERNAL``;
+- a call still running when ``stop``'s grace ends: ``CANCELLED``.
+A content-type other than ``application/grpc...`` gets HTTP 415. A broken connection (bad frames,
+an undecodable header block) is closed with a GOAWAY naming the problem; calls it already handed
+to ``handle`` still run to the end, and only their answers are lost.
+
+A call's ``grpc-timeout`` is not enforced here: the client gives up on its own at its deadline,
+while the handler goes on, so an event published after the client stopped waiting is kept (the
+request's ``req_guid`` lets a retry be recognised).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import os
+import types
+import zlib
 from collections.abc import Awaitable, Callable, Mapping
-from urllib.parse import unquote
+from dataclasses import dataclass
+from typing import cast
+from urllib.parse import quote
 
-# gRPC's core installs fork handlers unless told not to. headwater up forks while its server
-# threads run (to start Spark's JVM), and there the handlers are skipped half-way ("other threads
-# are calling into gRPC"): seen on CI, the child then died before it could exec java. headwater
-# never uses gRPC in a forked child, so the handlers are off unless the environment says otherwise.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-
-import grpc
-from grpc import aio
-
+from headwater.collector import http2 as h2
 from headwater.collector.errors import Code, Rejected
 from headwater.collector.protocols import raccoon
 
@@ -44,25 +58,544 @@ _INTERNAL = Rejected(
 Handle = Callable[[bytes, Mapping[str, str], str], Awaitable[bytes]]
 """``handle(request bytes, metadata, peer ip) -> serialized SendEventResponse``."""
 
+BACKLOG = 4096
+MAX_STREAMS = 1024
+"""Calls one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS)."""
+RECEIVE_WINDOW = 1 << 24
+"""How much a client may send ahead of the server's reading, per stream and per connection."""
+MAX_FRAME = 1 << 20
+MAX_HEADER_LIST = 16_384
+"""Metadata larger than this (as HPACK counts it) is refused with RESOURCE_EXHAUSTED."""
+DECODE_LIMIT = 65_536
+"""A header block that would decode to more than this breaks the connection (its table)."""
 
-def peer_ip(peer: str) -> str:
-    """The IP address in a gRPC peer string (``ipv4:127.0.0.1:5555``, ``ipv6:[::1]:5555``,
-    possibly percent-encoded); "" for other transports (``unix:...``)."""
-    kind, _, address = unquote(peer).partition(":")
-    if kind == "ipv4":
-        return address.rpartition(":")[0]
-    if kind == "ipv6":
-        host = address.rpartition(":")[0] if "]" in address else address
-        return host.removeprefix("[").removesuffix("]")
-    return ""
+OK, CANCELLED, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 1, 8, 12, 13
+_ENCODINGS = {b"identity": 0, b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+_ACCEPT = h2.literal(b"grpc-accept-encoding", b"identity,deflate,gzip")
+_CONTENT_TYPE = h2.literal(b"content-type", b"application/grpc")
+_RESPONSE_HEADERS = h2.STATUS_200 + _CONTENT_TYPE + _ACCEPT
+_OK_TRAILERS = h2.literal(b"grpc-status", b"0")
+_SETTINGS = h2.settings_frame(
+    {
+        h2.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
+        h2.INITIAL_WINDOW_SIZE: RECEIVE_WINDOW,
+        h2.MAX_FRAME_SIZE: MAX_FRAME,
+        h2.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
+        h2.ENABLE_PUSH: 0,
+    }
+)
+_GREETING = _SETTINGS + h2.window_update(0, RECEIVE_WINDOW - h2.DEFAULT_WINDOW)
 
 
-def _metadata(context: aio.ServicerContext) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in context.invocation_metadata() or ():
-        if isinstance(value, str):
-            out.setdefault(key.lower(), value)
-    return out
+def _status_block(code: int, message: str, http_status: int = 200) -> bytes:
+    """A trailers-only answer's header block: gRPC status ``code`` with ``message``."""
+    encoded = quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode()
+    return (
+        h2.status(http_status)
+        + _CONTENT_TYPE
+        + h2.literal(b"grpc-status", str(code).encode())
+        + h2.literal(b"grpc-message", encoded)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What a call's header block says."""
+
+    method: bytes
+    path: bytes
+    content_type: bytes
+    encoding: bytes
+    metadata: Mapping[str, str]
+    size: int  # HPACK's measure of the list: names, values and 32 per field
+
+
+def parse_request(headers: h2.Headers) -> Request:
+    method = path = content_type = b""
+    encoding = b"identity"
+    metadata: dict[str, str] = {}
+    size = 0
+    for name, value in headers:
+        size += len(name) + len(value) + 32
+        if name[:1] == b":":
+            if name == b":method":
+                method = value
+            elif name == b":path":
+                path = value
+        elif name == b"content-type":
+            content_type = value
+        elif name == b"grpc-encoding":
+            encoding = value
+        elif not name.endswith(b"-bin"):
+            metadata.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+    return Request(method, path, content_type, encoding, types.MappingProxyType(metadata), size)
+
+
+class _Stream:
+    __slots__ = (
+        "chunks",
+        "done",
+        "held",
+        "id",
+        "pending",
+        "received",
+        "request",
+        "unread",
+        "window",
+    )
+
+    def __init__(self, stream_id: int, request: Request, window: int) -> None:
+        self.id = stream_id
+        self.request = request
+        self.chunks: list[bytes] = []
+        self.received = 0  # message bytes so far
+        self.held = 0  # bytes of the connection's receive window this request holds
+        self.unread = 0  # flow-controlled bytes not yet given back with a WINDOW_UPDATE
+        self.window = window  # what the client lets this stream send it
+        self.pending = b""  # an answer's DATA waiting for the client's windows
+        self.done = False  # the client has sent all of its request
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: HTTP/2 frames in, calls to ``handle``, answers out."""
+
+    def __init__(self, server: GrpcServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""
+        self._buffer = bytearray()
+        self._preface = False
+        self._blocks = h2.HeaderBlocks(parse_request, DECODE_LIMIT)
+        self._continuing: tuple[int, int, list[bytes]] | None = None
+        self._streams: dict[int, _Stream] = {}
+        self._last_id = 0
+        self._unread = 0  # connection-level bytes not yet given back
+        self._window = h2.DEFAULT_WINDOW  # what the client lets the connection send it
+        self._stream_window = h2.DEFAULT_WINDOW  # its SETTINGS_INITIAL_WINDOW_SIZE
+        self._frame_limit = h2.MIN_FRAME_SIZE  # its SETTINGS_MAX_FRAME_SIZE
+        self._blocked: list[_Stream] = []
+        self._out: list[bytes] = []
+        self._flushing = False
+        self._going_away = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- the transport ---------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self._loop = asyncio.get_running_loop()
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if isinstance(peer, tuple) else ""
+        self.server.connections.add(self)
+        self.transport.write(_GREETING)
+        if self.server.stopping:
+            self.go_away()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._streams.clear()
+        self._blocked.clear()
+        self.server.connections.discard(self)
+
+    def pause_writing(self) -> None:
+        """The client is not reading what it is sent: read nothing more from it until it does
+        (its PINGs and calls would otherwise grow the answers waiting here)."""
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None:
+            self.transport.resume_reading()
+
+    def _send(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._flushing:
+            self._flushing = True
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flushing = False
+        out, self._out = self._out, []
+        if self.transport is not None and out:
+            self.transport.write(b"".join(out))
+            if self._going_away and not self._streams:
+                self.transport.close()
+
+    def _fail(self, failure: h2.ConnectionFailure) -> None:
+        log.info("gRPC connection from %s closed: %s", self.peer or "?", failure)
+        if self.transport is not None:
+            self._out.append(h2.goaway(self._last_id, failure.code, str(failure)))
+            out, self._out = self._out, []
+            self.transport.write(b"".join(out))
+            self.transport.close()
+            self.transport = None  # nothing more is written
+        self._streams.clear()
+        self._blocked.clear()
+
+    def go_away(self) -> None:
+        """Take no new calls (the client opens another connection for them), finish the ones
+        already here, then close."""
+        if not self._going_away and self.transport is not None:
+            self._going_away = True
+            self._send(h2.goaway(self._last_id, h2.NO_ERROR))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self._flush()
+            if self.transport is not None:
+                self.transport.close()
+
+    # -- frames in -------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self._buffer:  # the start of a frame came before
+            self._buffer += data
+            data = bytes(self._buffer)
+            self._buffer.clear()
+        try:
+            end = self._frames(data)
+        except h2.ConnectionFailure as failure:
+            self._fail(failure)
+            return
+        except Exception:  # a bug here: this connection ends, the server goes on
+            log.exception("gRPC connection from %s failed", self.peer or "?")
+            self._fail(h2.ConnectionFailure(h2.INTERNAL_ERROR, "the server failed"))
+            return
+        if end < len(data):
+            self._buffer += memoryview(data)[end:]
+
+    def _frames(self, buffer: bytes) -> int:
+        """Handle each whole frame in ``buffer``; returns how many bytes they took."""
+        pos = 0
+        if not self._preface:
+            if len(buffer) < len(h2.PREFACE):
+                if not h2.PREFACE.startswith(buffer):
+                    raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "not an HTTP/2 connection")
+                return 0
+            if buffer[: len(h2.PREFACE)] != h2.PREFACE:
+                raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "not an HTTP/2 connection")
+            self._preface = True
+            pos = len(h2.PREFACE)
+        size = len(buffer)
+        unpack = h2.FRAME_HEAD.unpack_from
+        while size - pos >= h2.FRAME_HEAD_SIZE:
+            high, low, kind, flags, stream = unpack(buffer, pos)
+            length = high << 8 | low
+            if length > MAX_FRAME:
+                raise h2.ConnectionFailure(h2.FRAME_SIZE_ERROR, f"a {length}-byte frame")
+            start = pos + h2.FRAME_HEAD_SIZE
+            if size - start < length:
+                break
+            pos = start + length
+            payload = buffer[start:pos]
+            stream &= h2.MAX_WINDOW
+            if self._continuing is not None and kind != h2.CONTINUATION:
+                raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "a header block was interrupted")
+            if kind == h2.DATA:
+                self._data(stream, flags, payload)
+            elif kind == h2.HEADERS:
+                self._headers(stream, flags, payload)
+            elif kind == h2.CONTINUATION:
+                self._continuation(stream, flags, payload)
+            elif kind == h2.WINDOW_UPDATE:
+                self._window_update(stream, payload)
+            elif kind == h2.SETTINGS:
+                self._settings(stream, flags, payload)
+            elif kind == h2.PING:
+                if stream or length != 8:
+                    raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "a malformed PING")
+                if not flags & h2.ACK:
+                    self._send(h2.frame(h2.PING, h2.ACK, 0, payload))
+            elif kind == h2.RST_STREAM:
+                if not stream or length != 4:
+                    raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "a malformed RST_STREAM")
+                self._reset(stream)
+            elif kind == h2.PUSH_PROMISE:
+                raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "a client cannot push")
+            elif kind == h2.GOAWAY and stream:
+                raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "a GOAWAY on a stream")
+            # PRIORITY, GOAWAY (the client closes when it is done) and unknown types: nothing
+        return pos
+
+    def _settings(self, stream: int, flags: int, payload: bytes) -> None:
+        if stream:
+            raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & h2.ACK:
+            return
+        for key, value in h2.parse_settings(payload):
+            if key == h2.INITIAL_WINDOW_SIZE:
+                if value > h2.MAX_WINDOW:
+                    raise h2.ConnectionFailure(h2.FLOW_CONTROL_ERROR, "a window over 2^31-1")
+                change, self._stream_window = value - self._stream_window, value
+                for s in self._streams.values():
+                    s.window += change
+            elif key == h2.MAX_FRAME_SIZE:
+                if not h2.MIN_FRAME_SIZE <= value <= h2.MAX_FRAME_SIZE_LIMIT:
+                    raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, f"a frame size of {value}")
+                self._frame_limit = value
+        self._send(h2.frame(h2.SETTINGS, h2.ACK, 0))
+        self._unblock()
+
+    def _window_update(self, stream: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise h2.ConnectionFailure(h2.FRAME_SIZE_ERROR, "a malformed WINDOW_UPDATE")
+        increment = h2.u32(payload)
+        if not stream:
+            if not increment:
+                raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
+            self._window += increment
+            if self._window > h2.MAX_WINDOW:
+                raise h2.ConnectionFailure(h2.FLOW_CONTROL_ERROR, "a window over 2^31-1")
+        else:
+            s = self._streams.get(stream)
+            if s is None:
+                return
+            if not increment or s.window + increment > h2.MAX_WINDOW:
+                self._refuse_stream(s, h2.PROTOCOL_ERROR)
+                return
+            s.window += increment
+        self._unblock()
+
+    def _headers(self, stream: int, flags: int, payload: bytes) -> None:
+        if not stream or not stream & 1:
+            raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, f"HEADERS on stream {stream}")
+        payload = h2.strip_padding(flags, payload)
+        if flags & h2.PRIORITY_FLAG:
+            payload = payload[5:]
+        if flags & h2.END_HEADERS:
+            self._block(stream, flags, payload)
+        else:
+            self._continuing = (stream, flags, [payload])
+
+    def _continuation(self, stream: int, flags: int, payload: bytes) -> None:
+        if self._continuing is None or self._continuing[0] != stream:
+            raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "a CONTINUATION out of place")
+        _, first_flags, parts = self._continuing
+        parts.append(payload)
+        if sum(map(len, parts)) > DECODE_LIMIT:
+            raise h2.ConnectionFailure(h2.COMPRESSION_ERROR, "a header block over 64 KiB")
+        if flags & h2.END_HEADERS:
+            self._continuing = None
+            self._block(stream, first_flags, b"".join(parts))
+
+    def _block(self, stream: int, flags: int, block: bytes) -> None:
+        """A whole header block: a new call, or a request's trailers."""
+        request = self._blocks.decode(block)  # every block, in order: the table depends on it
+        known = self._streams.get(stream)
+        if known is not None:  # trailers end the request
+            if not flags & h2.END_STREAM:
+                self._refuse_stream(known, h2.PROTOCOL_ERROR)
+            elif not known.done:
+                self._request_done(known)
+            return
+        if stream <= self._last_id:
+            self._send(h2.rst_stream(stream, h2.STREAM_CLOSED))
+            return
+        self._last_id = stream
+        if self._going_away or len(self._streams) >= MAX_STREAMS:
+            self._send(h2.rst_stream(stream, h2.REFUSED_STREAM))
+            return
+        s = _Stream(stream, request, self._stream_window)
+        self._streams[stream] = s
+        s.done = bool(flags & h2.END_STREAM)
+        problem = self._check(request)
+        if problem is not None:
+            self._answer_early(s, *problem)
+        elif s.done:
+            self._request_done(s)
+
+    @staticmethod
+    def _check(request: Request) -> tuple[int, str, int] | None:
+        if not request.content_type.startswith(b"application/grpc"):
+            return UNIMPLEMENTED, "the content-type must be application/grpc", 415
+        if request.method != b"POST":
+            return UNIMPLEMENTED, f"gRPC calls are POSTs, not {request.method.decode()}", 405
+        if request.path != raccoon.METHOD.encode():
+            return UNIMPLEMENTED, f"no method {request.path.decode()}", 200
+        if request.encoding not in _ENCODINGS:
+            return UNIMPLEMENTED, f"the compression {request.encoding.decode()} is unknown", 200
+        if request.size > MAX_HEADER_LIST:
+            return (
+                RESOURCE_EXHAUSTED,
+                f"the metadata is {request.size} bytes, over the limit of {MAX_HEADER_LIST}",
+                200,
+            )
+        return None
+
+    def _data(self, stream: int, flags: int, payload: bytes) -> None:
+        if not stream:
+            raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "DATA on stream 0")
+        flowed = len(payload)
+        s = self._streams.get(stream)
+        if s is None or s.done:
+            if stream > self._last_id:
+                raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, f"DATA on idle stream {stream}")
+            self._credit(flowed)
+            return  # a stream already answered or reset: its data is dropped
+        s.held += flowed  # given back to the connection's window once the request is whole
+        message = h2.strip_padding(flags, payload)
+        if not s.received and len(message) >= 5:  # the length prefix, checked at once
+            size = int.from_bytes(message[1:5], "big")
+            limit = self.server.max_message_bytes
+            if size > limit:
+                self._answer_early(
+                    s,
+                    RESOURCE_EXHAUSTED,
+                    f"the request message is {size} bytes, over the limit of {limit}",
+                    200,
+                )
+                return
+        s.chunks.append(message)
+        s.received += len(message)
+        if flags & h2.END_STREAM:
+            self._request_done(s)
+            return
+        s.unread += flowed
+        if s.unread >= RECEIVE_WINDOW // 2:
+            self._send(h2.window_update(stream, s.unread))
+            s.unread = 0
+        if s.received > self.server.max_message_bytes + 5:
+            self._answer_early(s, INTERNAL, "a unary call takes one message", 200)
+
+    def _credit(self, size: int) -> None:
+        """Give ``size`` bytes back to the connection's receive window.
+
+        A request's bytes are given back once it is whole (or dropped), not as they arrive, so
+        requests still arriving hold at most ``RECEIVE_WINDOW`` of memory per connection."""
+        self._unread += size
+        if self._unread >= RECEIVE_WINDOW // 2:
+            self._send(h2.window_update(0, self._unread))
+            self._unread = 0
+
+    def _release(self, s: _Stream) -> None:
+        """``s`` is whole or dropped: the window its bytes held goes back to the client."""
+        self._credit(s.held)
+        s.held = 0
+
+    def _request_done(self, s: _Stream) -> None:
+        s.done = True
+        self._release(s)
+        body = b"".join(s.chunks)
+        s.chunks = []
+        if len(body) < 5:
+            self.answer(s, status=(INTERNAL, "the call has no whole request message"))
+            return
+        size = int.from_bytes(body[1:5], "big")
+        if len(body) != 5 + size:
+            problem = "cut off" if len(body) < 5 + size else "followed by another message"
+            self.answer(s, status=(INTERNAL, f"the request message is {problem}"))
+            return
+        message = body[5:]
+        if body[0]:
+            wbits = _ENCODINGS[s.request.encoding]
+            if not wbits:
+                self.answer(s, status=(INTERNAL, "a compressed message without grpc-encoding"))
+                return
+            limit = self.server.max_message_bytes
+            inflate = zlib.decompressobj(wbits)
+            try:
+                message = inflate.decompress(message, limit + 1)
+            except zlib.error as e:
+                self.answer(s, status=(INTERNAL, f"the message cannot be decompressed: {e}"))
+                return
+            if len(message) > limit:
+                self.answer(
+                    s,
+                    status=(
+                        RESOURCE_EXHAUSTED,
+                        f"the request message is over the limit of {limit} bytes decompressed",
+                    ),
+                )
+                return
+            if not inflate.eof:
+                self.answer(s, status=(INTERNAL, "the compressed message is cut off"))
+                return
+        self.server.start_call(self, s, message)
+
+    # -- answers out -----------------------------------------------------------------------------
+
+    def _answer_early(self, s: _Stream, code: int, message: str, http_status: int) -> None:
+        """Answer a call before its request is all here, and tell the client to stop sending."""
+        done = s.done
+        self.answer(s, status=(code, message), http_status=http_status)
+        if not done:
+            s.done = True
+            self._send(h2.rst_stream(s.id, h2.NO_ERROR))
+        self._release(s)
+
+    def answer(
+        self,
+        s: _Stream,
+        response: bytes | None = None,
+        status: tuple[int, str] | None = None,
+        http_status: int = 200,
+    ) -> None:
+        """Send a call's answer: ``response`` with status 0, or trailers only with ``status``."""
+        if self._streams.pop(s.id, None) is None or self.transport is None:
+            return  # reset by the client, or the connection is gone
+        if status is not None:
+            block = _status_block(*status, http_status=http_status)
+            self._send(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, s.id, block))
+        else:
+            assert response is not None
+            data = b"\x00" + len(response).to_bytes(4, "big") + response
+            size = len(data)
+            head = h2.frame(h2.HEADERS, h2.END_HEADERS, s.id, _RESPONSE_HEADERS)
+            if size <= self._window and size <= s.window and size <= self._frame_limit:
+                self._window -= size
+                self._send(
+                    head
+                    + h2.frame(h2.DATA, 0, s.id, data)
+                    + h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, s.id, _OK_TRAILERS)
+                )
+            else:
+                self._send(head)
+                s.pending = data
+                self._streams[s.id] = s  # still open until its DATA is out
+                self._blocked.append(s)
+                self._unblock()
+        if self._going_away and not self._streams:
+            self._send(b"")  # the flush closes the connection
+
+    def _unblock(self) -> None:
+        """Send what the client's windows now let through of answers waiting for them."""
+        while self._blocked and self._window > 0:
+            s = self._blocked[0]
+            if self._streams.get(s.id) is not s:
+                self._blocked.pop(0)
+                continue
+            room = min(self._window, s.window, self._frame_limit)
+            if room <= 0:
+                return
+            part, s.pending = s.pending[:room], s.pending[room:]
+            self._window -= len(part)
+            s.window -= len(part)
+            self._send(h2.frame(h2.DATA, 0, s.id, part))
+            if s.pending:
+                continue
+            self._blocked.pop(0)
+            del self._streams[s.id]
+            self._send(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, s.id, _OK_TRAILERS))
+            if self._going_away and not self._streams:
+                self._send(b"")
+
+    def _reset(self, stream: int) -> None:
+        """The client cancelled a call: nothing more is sent on it."""
+        s = self._streams.pop(stream, None)
+        if s is not None:
+            s.done = True
+            self._release(s)
+            if self._going_away and not self._streams:
+                self._send(b"")
+        elif stream > self._last_id:
+            raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream}")
+
+    def _refuse_stream(self, s: _Stream, code: int) -> None:
+        self._streams.pop(s.id, None)
+        s.done = True
+        self._release(s)
+        self._send(h2.rst_stream(s.id, code))
 
 
 class GrpcServer:
@@ -82,55 +615,67 @@ class GrpcServer:
         self.host = host
         self.port = port
         self.max_message_bytes = max_message_bytes
-        self._server: aio.Server | None = None
-
-    async def _send_event(self, request: bytes, context: aio.ServicerContext) -> bytes:
-        metadata = _metadata(context)
-        try:
-            return await self.handle(request, metadata, peer_ip(context.peer()))
-        except Rejected as e:
-            return raccoon.error_response_bytes(e)
-        except Exception:
-            log.exception("SendEvent from %s failed", context.peer())
-            return raccoon.error_response_bytes(_INTERNAL)
+        self.connections: set[_Connection] = set()
+        self.stopping = False
+        self._calls: set[asyncio.Task[None]] = set()
+        self._listener: asyncio.Server | None = None
 
     async def start(self) -> int:
         """Bind and start serving; returns the bound port (``port`` 0 picks a free one)."""
-        if self._server is not None:
+        if self._listener is not None:
             raise RuntimeError("the gRPC server is already started")
-        server = aio.server(
-            options=[
-                ("grpc.max_receive_message_length", self.max_message_bytes),
-                # a port another process holds is an error, not a silent share (intake
-                # workers share the port their parent reserved)
-                ("grpc.so_reuseport", 1 if self.share_port else 0),
-            ]
-        )
-        method = grpc.unary_unary_rpc_method_handler(self._send_event)
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(raccoon.SERVICE_NAME, {"SendEvent": method}),)
-        )
+        loop = asyncio.get_running_loop()
         address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         try:
-            bound = server.add_insecure_port(address)
-        except RuntimeError as e:
-            bound, problem = 0, f": {e}"
-        else:
-            problem = ""
-        if not bound:
-            await server.stop(None)  # never started; stopping it frees its resources now
-            raise OSError(f"the gRPC server cannot listen on {address}{problem}")
-        await server.start()
-        self._server = server
-        self.port = bound
-        log.info("gRPC server listening on %s:%d", self.host, bound)
-        return bound
+            self._listener = await loop.create_server(
+                lambda: _Connection(self),
+                self.host,
+                self.port,
+                backlog=BACKLOG,
+                # a port another process holds is an error, not a silent share (intake
+                # workers share the port their parent reserved)
+                reuse_port=self.share_port or None,
+            )
+        except OSError as e:
+            raise OSError(e.errno, f"the gRPC server cannot listen on {address}: {e}") from e
+        self.port = self._listener.sockets[0].getsockname()[1]
+        log.info("gRPC server listening on %s:%d", self.host, self.port)
+        return self.port
+
+    def start_call(self, connection: _Connection, s: _Stream, message: bytes) -> None:
+        task = asyncio.get_running_loop().create_task(self._call(connection, s, message))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    async def _call(self, connection: _Connection, s: _Stream, message: bytes) -> None:
+        try:
+            response = await self.handle(message, s.request.metadata, connection.peer)
+        except Rejected as e:
+            response = raccoon.error_response_bytes(e)
+        except asyncio.CancelledError:
+            connection.answer(s, None, (CANCELLED, "the collector is stopping"))
+            raise
+        except Exception:
+            log.exception("SendEvent from %s failed", connection.peer or "?")
+            response = raccoon.error_response_bytes(_INTERNAL)
+        connection.answer(s, response, None)
 
     async def stop(self, grace: float) -> None:
         """Refuse new calls, let calls in flight finish for up to ``grace`` seconds, then
         cancel what is left."""
-        server, self._server = self._server, None
-        if server is None:
+        listener, self._listener = self._listener, None
+        if listener is None:
             return
-        await server.stop(grace)
-        await server.wait_for_termination()
+        self.stopping = True
+        listener.close()
+        for connection in list(self.connections):
+            connection.go_away()
+        if self._calls:
+            await asyncio.wait(set(self._calls), timeout=grace)
+        left = set(self._calls)
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.wait(left)
+        for connection in list(self.connections):
+            connection.close()
