@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
+import random
 import uuid
 from pathlib import Path
 
@@ -246,3 +248,22 @@ def test_recent_requests_keep_a_window_of_stored_ids_and_forget_failed_ones() ->
         assert not recent.stored("c") and recent.stored("d") and recent.stored("e")
 
     asyncio.run(scenario())
+
+
+def test_recent_requests_answer_as_the_last_window_of_ids_would() -> None:
+    """Against a plain list of the last ``window`` ids: thousands of ids through a window of
+    300, so that many share a one-byte mark (about 300 / 256 per mark) and ids leave the ring
+    in every slot."""
+    rng = random.Random(7)
+    recent = RecentRequests()
+    window = 300
+    kept: list[str] = []
+    for i in range(5_000):
+        guid = f"g-{rng.randrange(2_000)}" if i % 3 else f"new-{i}"
+        assert recent.stored(guid) == (guid in kept), (i, guid)
+        if guid in kept:
+            continue  # a repeat is answered, not stored again
+        recent.end(guid, stored=True, window=window)
+        kept = [*kept, guid][-window:]
+    marks = collections.Counter(hash(g) & 0xFF for g in kept)
+    assert max(marks.values()) > 1  # marks were shared: the ids behind them were compared
