@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -579,3 +581,75 @@ def test_requests_still_arriving_hold_the_connections_window() -> None:
 
     asyncio.run(main())
     assert [raw for raw, _, _ in rec.calls] == [message]
+
+
+def test_mutated_http2_sessions_never_break_the_server(caplog: pytest.LogCaptureFixture) -> None:
+    """300 byte-level mutations of a client's whole session (preface, SETTINGS, two calls, a
+    PING, a WINDOW_UPDATE), each on its own connection: the server never fails inside (no
+    error logged), and a well-formed call is still answered afterwards."""
+    encoder = Encoder()
+    head = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", raccoon.METHOD),
+        (":authority", "x"),
+        ("content-type", "application/grpc"),
+        ("x-user-id", "u"),
+    ]
+    message = request("fz")
+    data = b"\x00" + len(message).to_bytes(4, "big") + message
+    session = (
+        h2.PREFACE
+        + h2.settings_frame({h2.INITIAL_WINDOW_SIZE: 100, h2.MAX_FRAME_SIZE: 16_384})
+        + h2.frame(h2.HEADERS, h2.END_HEADERS, 1, encoder.encode(head))
+        + h2.frame(h2.DATA, 0, 1, data[:20])
+        + h2.frame(h2.DATA, h2.END_STREAM, 1, data[20:])
+        + h2.frame(h2.PING, 0, 0, b"abcdefgh")
+        + h2.frame(
+            h2.HEADERS,
+            h2.END_HEADERS | h2.END_STREAM | h2.PADDED,
+            3,
+            b"\x02" + encoder.encode(head) + b"\x00\x00",
+        )
+        + h2.window_update(0, 1000)
+    )
+    rng = random.Random(14)
+
+    def mutate(raw: bytes) -> bytes:
+        out = bytearray(raw)
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(out))
+            kind = rng.random()
+            if kind < 0.5:
+                out[at] = rng.randrange(256)
+            elif kind < 0.75:
+                del out[at : at + rng.randint(1, 16)]
+            else:
+                out[at:at] = rng.randbytes(rng.randint(1, 16))
+        return bytes(out[: rng.randint(len(out) // 2, len(out))] if rng.random() < 0.2 else out)
+
+    rec = Recorder()
+
+    async def main() -> None:
+        server = await raw_server(rec, max_message_bytes=4096)
+        try:
+            for _ in range(300):
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                writer.write(mutate(session))
+                writer.write_eof()
+                # the server answers what it can, and closes once the client has closed
+                await asyncio.wait_for(reader.read(), 10)
+                writer.close()
+                await writer.wait_closed()
+            async with aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                reply = parse_response(await send_event(channel)(request("after"), timeout=10))
+                assert reply.data["req_guid"] == "after"
+        finally:
+            await server.stop(1)
+
+    with caplog.at_level(logging.INFO, logger="headwater.collector.grpc_server"):
+        asyncio.run(main())
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors[0].getMessage()
+    closed = [r for r in caplog.records if "closed:" in r.getMessage()]
+    assert len(closed) > 100  # most mutations broke the connection, and each was told why
