@@ -178,6 +178,32 @@ def _machine_jiffies() -> tuple[int, int]:
     return total - idle, total
 
 
+def _steal_jiffies() -> tuple[int, int]:
+    """(steal, total) jiffies of every CPU of the machine, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+@dataclass
+class Steal:
+    """The share of this VM's CPU time the hypervisor took for something else ("steal") from
+    the moment this is made: when it is high, every figure of the run is low for reasons
+    outside the code measured."""
+
+    _j0: tuple[int, int] = field(default_factory=_steal_jiffies, repr=False)
+
+    def share(self) -> float:
+        steal, total = _steal_jiffies()
+        dt = total - self._j0[1]
+        return (steal - self._j0[0]) / dt if dt > 0 else float("nan")
+
+    def line(self) -> str:
+        return (
+            f"CPU time the hypervisor took from this VM during the run (steal): {self.share():.1%}"
+        )
+
+
 @dataclass
 class Meter:
     """Wall time, this process's CPU time and the whole machine's CPU use over a span."""

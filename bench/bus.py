@@ -60,6 +60,7 @@ from _common import (
     AllThreadsProfile,
     Meter,
     MiB,
+    Steal,
     ThreadSamples,
     emit_json,
     find_py_spy,
@@ -887,6 +888,7 @@ class Run:
     profiles: list[Profile] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     kafka_error: str | None = None
+    steal: Steal = field(default_factory=Steal)
 
 
 def embedded_phase(run: Run) -> None:
@@ -1168,6 +1170,7 @@ def report(run: Run, markdown: bool = False) -> str:
         f"{BATCH_RECORDS} ({run.disk_bytes} bytes per batch on disk); {run.seconds:g} s per "
         f"case after {run.warmup:g} s of warm-up; the load generator runs in this process, on "
         "the same 2 cores as the log",
+        run.steal.line(),
         "",
         f"raw disk (same filesystem, median of {run.reps} run{'s' if run.reps > 1 else ''}):",
     ]
@@ -1295,6 +1298,7 @@ def to_json(run: Run) -> dict[str, Any]:
     return {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": machine_info(run.directory),
+        "steal_share": run.steal.share(),
         "workload": {
             "record_bytes": RECORD_BYTES,
             "batch_records": BATCH_RECORDS,

@@ -91,6 +91,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 from _common import (
     MB,
     ProcessSample,
+    Steal,
     bench_directory,
     broker_figures,
     cores_between,
@@ -1146,6 +1147,7 @@ class Run:
     notes: list[str] = field(default_factory=list)
     background_cores: float = float("nan")
     broker: dict[str, Any] | None = None  # --bus kafka: the broker's version, JVM, peak RSS
+    steal: Steal = field(default_factory=Steal)
 
 
 # -- the measurements ---------------------------------------------------------------------------
@@ -1799,6 +1801,7 @@ def report(run: Run, markdown: bool = False) -> str:
         "(their CPU is the 'generator cores' column) and the kernel's loopback TCP share 2 cores; "
         "'machine cores' is everything that was busy.",
         f"machine busy before the run started: {run.background_cores:.2f} cores",
+        run.steal.line(),
         *[f"note: {n}" for n in run.notes],
         "",
         "loads (closed: every connection keeps 4 requests in flight, the next sent on each ack; "
@@ -1920,6 +1923,7 @@ def to_json(run: Run) -> dict[str, Any]:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": machine_info(run.directory),
         "background_cores_before": run.background_cores,
+        "steal_share": run.steal.share(),
         "workload": {
             "events_per_request": EVENTS_PER_BATCH,
             "event_bytes": EVENT_BYTES,
