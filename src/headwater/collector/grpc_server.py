@@ -624,6 +624,7 @@ class GrpcServer:
         """Bind and start serving; returns the bound port (``port`` 0 picks a free one)."""
         if self._listener is not None:
             raise RuntimeError("the gRPC server is already started")
+        self.stopping = False
         loop = asyncio.get_running_loop()
         address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         try:
