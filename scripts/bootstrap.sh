@@ -9,7 +9,9 @@
 #   - the class-data sharing archive that makes the driver's JVM start fast (made once, cached
 #     under ~/.cache/headwater/jvm);
 #   - Apache Kafka's broker (tests, benchmarks) and Spark's Kafka connector (the pipeline with
-#     bus: kafka), fetched once from Maven Central with mvn into ~/.cache/headwater/maven.
+#     bus: kafka), fetched once from Maven Central with mvn into ~/.cache/headwater/maven;
+#   - Node.js and @grpc/grpc-js, the tests' second gRPC client (tests/collector/grpc_js),
+#     installed with npm into ~/.cache/headwater/grpc-js once per package-lock.json.
 # When everything is already there it does no network access and takes well under a second.
 #
 # Run it directly (`scripts/bootstrap.sh`) or let scripts/up and scripts/test run it.
@@ -30,6 +32,7 @@ declare -A SYSTEM_PACKAGES=(
     [libpostgresql-jdbc-java]=/usr/share/java/postgresql.jar
     [maven]=/usr/bin/mvn
     [chromium]=/usr/bin/chromium
+    [nodejs]=/usr/bin/node
 )
 
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
@@ -160,6 +163,24 @@ ensure_jvm_artifacts() {
         die "could not fetch Apache Kafka or Spark's Kafka connector from Maven Central (see above)"
 }
 
+# @grpc/grpc-js for tests/collector/test_grpc_clients.py, outside the checkout (as the JVM
+# artifacts are): installed again only when the lock file changes.
+ensure_grpc_js() {
+    local src="$ROOT/tests/collector/grpc_js"
+    local dest="${XDG_CACHE_HOME:-$HOME/.cache}/headwater/grpc-js"
+    local want
+    want="$(sha256sum "$src/package-lock.json" | cut -c1-16)"
+    [[ -f $dest/.stamp && $(<"$dest/.stamp") == "$want" ]] && return 0
+    command -v npm >/dev/null 2>&1 || die "npm is missing (Debian: apt-get install npm)"
+    say "installing @grpc/grpc-js for the gRPC client tests into $dest"
+    rm -rf "$dest"
+    mkdir -p "$dest"
+    cp "$src/package.json" "$src/package-lock.json" "$dest/"
+    (cd "$dest" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >&2) ||
+        die "npm ci of @grpc/grpc-js failed (see above)"
+    printf '%s\n' "$want" >"$dest/.stamp"
+}
+
 main() {
     # One bootstrap at a time for this checkout (scripts/up and scripts/test may race).
     if command -v flock >/dev/null 2>&1; then
@@ -171,11 +192,14 @@ main() {
 
     if [[ ${HW_SKIP_SYSTEM_PACKAGES:-0} != 1 ]]; then
         install_system_packages "${!SYSTEM_PACKAGES[@]}"
+        # Debian packages npm apart from nodejs; a Node.js from elsewhere brings its own
+        command -v npm >/dev/null 2>&1 || install_system_packages npm
     fi
     ensure_venv
     ensure_package
     ensure_jvm_archive
     ensure_jvm_artifacts
+    ensure_grpc_js
 }
 
 main "$@"
