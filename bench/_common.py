@@ -169,19 +169,24 @@ def scratch_directory(parent: Path | None, prefix: str, *, keep: bool = False) -
 
 
 # -- meters -----------------------------------------------------------------------------------
-def _machine_jiffies() -> tuple[int, int]:
-    """(busy, total) jiffies of every CPU of the machine, from /proc/stat."""
+def _cpu_jiffies() -> list[int]:
+    """The jiffies of every CPU of the machine by kind (user, nice, system, idle, iowait, irq,
+    softirq, steal, ...), from /proc/stat's first line."""
     with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
+        return [int(x) for x in f.readline().split()[1:]]
+
+
+def _machine_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of every CPU of the machine."""
+    fields = _cpu_jiffies()
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     total = sum(fields[:8])
     return total - idle, total
 
 
 def _steal_jiffies() -> tuple[int, int]:
-    """(steal, total) jiffies of every CPU of the machine, from /proc/stat."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
+    """(steal, total) jiffies of every CPU of the machine."""
+    fields = _cpu_jiffies()
     return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
 
 

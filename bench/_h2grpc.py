@@ -24,44 +24,37 @@ from typing import Any, cast
 
 from hpack import Decoder
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
-    0x0,
-    0x1,
-    0x3,
-    0x4,
-    0x6,
-    0x7,
-    0x8,
-    0x9,
+from headwater.collector.http2 import (
+    ACK,
+    CONTINUATION,
+    DATA,
+    DEFAULT_WINDOW,
+    ENABLE_PUSH,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    INITIAL_WINDOW_SIZE,
+    MAX_FRAME_SIZE,
+    NO_ERROR,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY_FLAG,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+    frame,
+    goaway,
+    literal,
+    parse_settings,
+    settings_frame,
+    window_update,
 )
-END_STREAM = ACK = 0x1
-END_HEADERS = 0x4
-PADDED = 0x8
-PRIORITY = 0x20
-SETTINGS_ENABLE_PUSH = 0x2
-SETTINGS_INITIAL_WINDOW_SIZE = 0x4
-SETTINGS_MAX_FRAME_SIZE = 0x5
-DEFAULT_WINDOW = 65_535
+
 OWN_WINDOW = 1 << 30  # the client's receive windows: never in the way
 
 Reply = Callable[[Any, bytes | None, str], None]
-
-
-def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return (
-        struct.pack(">I", len(payload))[1:]
-        + bytes((kind, flags))
-        + struct.pack(">I", stream)
-        + payload
-    )
-
-
-def _literal(name: bytes, value: bytes) -> bytes:
-    """An HPACK "literal header field without indexing, new name", lengths under 127."""
-    if len(name) > 126 or len(value) > 126:
-        raise ValueError("header too long for this client")
-    return b"\x00" + bytes((len(name),)) + name + bytes((len(value),)) + value
 
 
 def request_block(authority: str, path: str) -> bytes:
@@ -74,7 +67,7 @@ def request_block(authority: str, path: str) -> bytes:
         (b"te", b"trailers"),
         (b"user-agent", b"headwater-bench"),
     )
-    return b"".join(_literal(n, v) for n, v in headers)
+    return b"".join(literal(n, v) for n, v in headers)
 
 
 class _Call:
@@ -112,13 +105,10 @@ class GrpcConnection(asyncio.Protocol):
     # -- the connection ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        settings = struct.pack(">HI", SETTINGS_ENABLE_PUSH, 0) + struct.pack(
-            ">HI", SETTINGS_INITIAL_WINDOW_SIZE, OWN_WINDOW
-        )
         self.transport.write(
             PREFACE
-            + frame(SETTINGS, 0, 0, settings)
-            + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", OWN_WINDOW - DEFAULT_WINDOW))
+            + settings_frame({ENABLE_PUSH: 0, INITIAL_WINDOW_SIZE: OWN_WINDOW})
+            + window_update(0, OWN_WINDOW - DEFAULT_WINDOW)
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -130,7 +120,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(frame(GOAWAY, 0, 0, struct.pack(">II", 0, 0)))
+            self.transport.write(goaway(0, NO_ERROR))
             self.transport.close()
 
     # -- calls ------------------------------------------------------------------------------------
@@ -239,13 +229,13 @@ class GrpcConnection(asyncio.Protocol):
                 if flags & END_STREAM:
                     self._finish(stream, "the response ended without trailers")
             if self._received > OWN_WINDOW // 2:
-                self._write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._received)))
+                self._write(window_update(0, self._received))
                 self._received = 0
         elif kind in (HEADERS, CONTINUATION):
             if kind == HEADERS:
                 if flags & PADDED:
                     payload = payload[1 : len(payload) - payload[0]]
-                if flags & PRIORITY:
+                if flags & PRIORITY_FLAG:
                     payload = payload[5:]
                 self._header_stream, self._header_flags = stream, flags
                 self._header_block = bytearray(payload)
@@ -255,11 +245,10 @@ class GrpcConnection(asyncio.Protocol):
                 self._headers(self._header_stream, self._header_flags, bytes(self._header_block))
         elif kind == SETTINGS:
             if not flags & ACK:
-                for i in range(0, len(payload) - 5, 6):
-                    key, value = struct.unpack(">HI", payload[i : i + 6])
-                    if key == SETTINGS_MAX_FRAME_SIZE:
+                for key, value in parse_settings(payload):
+                    if key == MAX_FRAME_SIZE:
                         self._max_frame = value
-                    elif key == SETTINGS_INITIAL_WINDOW_SIZE:
+                    elif key == INITIAL_WINDOW_SIZE:
                         delta, self._initial_window = value - self._initial_window, value
                         for s in self._stream_windows:
                             self._stream_windows[s] += delta

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from headwater.bus.embedded.backend import EmbeddedBus
-from headwater.bus.embedded.config import EmbeddedBusConfig
 from headwater.collector import websocket
 from headwater.collector.config import CollectorConfig, RaccoonConfig
 from headwater.collector.protocols import raccoon
@@ -47,12 +44,6 @@ async ([url, requests, text]) => {
   return {extensions: ws.extensions, answers, code: await closed};
 }
 """
-
-
-@pytest.fixture
-def bus(tmp_path: Path) -> Iterator[EmbeddedBus]:
-    with EmbeddedBus(tmp_path / "log", EmbeddedBusConfig(default_partitions=1)) as b:
-        yield b
 
 
 def request(guid: str, count: int) -> bytes:

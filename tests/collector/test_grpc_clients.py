@@ -11,31 +11,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from headwater.bus.embedded.backend import EmbeddedBus
-from headwater.bus.embedded.config import EmbeddedBusConfig
-from headwater.testing.collector import RunningCollector, running_collector
+from headwater.testing.collector import RunningCollector
 
 CLIENT = Path(__file__).parent / "grpc_js" / "client.js"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 NODE_MODULES = CACHE / "headwater" / "grpc-js" / "node_modules"
 WORKERS, CALLS, EVENTS = 10, 10, 20
-
-
-@pytest.fixture
-def bus(tmp_path: Path) -> Iterator[EmbeddedBus]:
-    with EmbeddedBus(tmp_path / "log", EmbeddedBusConfig(default_partitions=1)) as b:
-        yield b
-
-
-@pytest.fixture
-def server(bus: EmbeddedBus) -> Iterator[RunningCollector]:
-    with running_collector(bus) as running:
-        yield running
 
 
 def test_a_grpc_js_client_is_served_and_its_events_stored(

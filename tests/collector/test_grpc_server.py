@@ -56,12 +56,6 @@ Handle = Callable[[bytes, Mapping[str, str], str], Awaitable[bytes]]
 async def serve(
     handle: Handle, body: Callable[[GrpcServer, aio.Channel], Awaitable[None]], **kw: Any
 ) -> None:
-    await serve_async(handle, body, **kw)
-
-
-async def serve_async(
-    handle: Handle, body: Callable[[GrpcServer, aio.Channel], Awaitable[None]], **kw: Any
-) -> None:
     server = GrpcServer(handle, "127.0.0.1", 0, kw.get("max_message_bytes", 1 << 20))
     port = await server.start()
     try:
@@ -297,7 +291,7 @@ def test_calls_on_one_connection_are_answered_each_with_its_own_response() -> No
             replies = [parse_response(r) for r in await asyncio.gather(*calls)]
             assert [r.data["req_guid"] for r in replies] == list(gates)
 
-        await serve_async(handle, body)
+        await serve(handle, body)
 
     asyncio.run(main())
 
@@ -340,7 +334,7 @@ def test_a_cancelled_call_still_runs_its_handler_and_others_are_served() -> None
             reply = parse_response(await call(request("next"), timeout=10))
             assert reply.data["req_guid"] == "next"
 
-        await serve_async(handle, body)
+        await serve(handle, body)
         assert sorted(finished) == ["next", "slow"]  # nothing the client sent was dropped
 
     asyncio.run(main())
@@ -450,6 +444,13 @@ class RawClient:
         await self.writer.wait_closed()
 
 
+async def answered_on_a_new_channel(port: int, guid: str) -> None:
+    """A well-formed call from a fresh grpc.aio channel is answered: the server still serves."""
+    async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        reply = parse_response(await send_event(channel)(request(guid), timeout=10))
+        assert reply.data["req_guid"] == guid
+
+
 async def raw_server(handle: Handle, max_message_bytes: int = 1 << 20) -> GrpcServer:
     server = GrpcServer(handle, "127.0.0.1", 0, max_message_bytes)
     await server.start()
@@ -541,9 +542,7 @@ def test_a_broken_connection_gets_goaway_and_others_are_untouched(sent: bytes, c
             assert int.from_bytes(payload[4:8], "big") == code
             assert await asyncio.wait_for(reader.read(), 10) == b""  # then closed
             await broken.close()
-            async with aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-                reply = parse_response(await send_event(channel)(request("fine"), timeout=10))
-                assert reply.data["req_guid"] == "fine"
+            await answered_on_a_new_channel(server.port, "fine")
         finally:
             await server.stop(1)
 
@@ -641,9 +640,7 @@ def test_mutated_http2_sessions_never_break_the_server(caplog: pytest.LogCapture
                 await asyncio.wait_for(reader.read(), 10)
                 writer.close()
                 await writer.wait_closed()
-            async with aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-                reply = parse_response(await send_event(channel)(request("after"), timeout=10))
-                assert reply.data["req_guid"] == "after"
+            await answered_on_a_new_channel(server.port, "after")
         finally:
             await server.stop(1)
 

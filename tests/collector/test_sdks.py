@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -44,7 +43,6 @@ from websockets.asyncio.client import connect as ws_connect
 
 from headwater.bus import context
 from headwater.bus.embedded.backend import EmbeddedBus
-from headwater.bus.embedded.config import EmbeddedBusConfig
 from headwater.bus.records import Record
 from headwater.collector.auth import hash_key
 from headwater.collector.config import CollectorConfig, SourceConfig
@@ -55,12 +53,6 @@ from headwater.testing.collector import RunningCollector, running_collector
 KEY = "sdk-write-key"
 CONFIG = CollectorConfig(sources=[SourceConfig(id="web", write_keys=[hash_key(KEY)])])
 TIMEOUT_S = 10
-
-
-@pytest.fixture
-def bus(tmp_path: Path) -> Iterator[EmbeddedBus]:
-    with EmbeddedBus(tmp_path / "log", EmbeddedBusConfig(default_partitions=1)) as b:
-        yield b
 
 
 @pytest.fixture

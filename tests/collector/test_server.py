@@ -6,34 +6,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import grpc
-import pytest
 
 from headwater.bus import context
 from headwater.bus.embedded.backend import EmbeddedBus
-from headwater.bus.embedded.config import EmbeddedBusConfig
 from headwater.collector.config import CollectorConfig, RaccoonConfig
 from headwater.collector.protocols import raccoon
 from headwater.testing.collector import RunningCollector, running_collector
 
 USER = {"X-User-ID": "user-1"}
-
-
-@pytest.fixture
-def bus(tmp_path: Path) -> Iterator[EmbeddedBus]:
-    with EmbeddedBus(tmp_path / "log", EmbeddedBusConfig(default_partitions=1)) as b:
-        yield b
-
-
-@pytest.fixture
-def server(bus: EmbeddedBus) -> Iterator[RunningCollector]:
-    with running_collector(bus) as running:
-        yield running
 
 
 def request_bytes(req_guid: str, events: list[tuple[str, bytes]]) -> bytes:

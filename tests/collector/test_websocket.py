@@ -9,14 +9,11 @@ import base64
 import hashlib
 import os
 import zlib
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from headwater.bus.embedded.backend import EmbeddedBus
-from headwater.bus.embedded.config import EmbeddedBusConfig
 from headwater.collector import websocket
 from headwater.collector.protocols import raccoon
 from headwater.collector.websocket import BINARY, CLOSE, PING, TEXT, Failure, Frames
@@ -208,12 +205,6 @@ def test_close_frames_are_checked_and_answered() -> None:
 
 
 # -- over real sockets ----------------------------------------------------------------------
-@pytest.fixture
-def bus(tmp_path: Path) -> Iterator[EmbeddedBus]:
-    with EmbeddedBus(tmp_path / "log", EmbeddedBusConfig(default_partitions=1)) as b:
-        yield b
-
-
 def request(guid: str) -> bytes:
     req: Any = raccoon.SendEventRequest(req_guid=guid)
     req.events.add(type="t", event_bytes=b"e")

@@ -215,6 +215,8 @@ class _Connection(asyncio.Protocol):
             self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
+        """Write what the loop turn produced; a connection going away closes once its last
+        call is answered (every answer ends in a frame sent, so in a flush)."""
         self._flushing = False
         out, self._out = self._out, []
         if self.transport is not None and out:
@@ -555,8 +557,6 @@ class _Connection(asyncio.Protocol):
                 self._streams[s.id] = s  # still open until its DATA is out
                 self._blocked.append(s)
                 self._unblock()
-        if self._going_away and not self._streams:
-            self._send(b"")  # the flush closes the connection
 
     def _unblock(self) -> None:
         """Send what the client's windows now let through of answers waiting for them."""
@@ -577,8 +577,6 @@ class _Connection(asyncio.Protocol):
             self._blocked.pop(0)
             del self._streams[s.id]
             self._send(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, s.id, _OK_TRAILERS))
-            if self._going_away and not self._streams:
-                self._send(b"")
 
     def _reset(self, stream: int) -> None:
         """The client cancelled a call: nothing more is sent on it."""
@@ -587,7 +585,7 @@ class _Connection(asyncio.Protocol):
             s.done = True
             self._release(s)
             if self._going_away and not self._streams:
-                self._send(b"")
+                self._send(b"")  # nothing to send: the flush closes the connection
         elif stream > self._last_id:
             raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream}")
 

@@ -184,11 +184,11 @@ class LogWriter:
                     else:
                         self._cond.wait()
                 queue, self._queue = self._queue, []
-                self._pending_bytes = 0
+                size, self._pending_bytes = self._pending_bytes, 0
                 closing = self._closing
                 self._busy = True
             try:
-                self._write(queue)
+                self._write(queue, size)
             except BaseException as e:  # a bug, not I/O: fail loudly, never hang appenders
                 log.exception("the log writer failed")
                 self._fail_everything([done for _, _, done in queue], e, "write")
@@ -207,7 +207,8 @@ class LogWriter:
                     if not self._queue:
                         return
 
-    def _write(self, queue: list[tuple[Partition, fmt.EncodedBatch, Done]]) -> None:
+    def _write(self, queue: list[tuple[Partition, fmt.EncodedBatch, Done]], size: int) -> None:
+        """Write ``queue`` (``size`` bytes of batch bodies, as ``submit`` counted them)."""
         if not queue:
             return
         by_partition: dict[Partition, list[tuple[fmt.EncodedBatch, Done]]] = {}
@@ -233,7 +234,7 @@ class LogWriter:
         if self.policy == "always":  # the syncer thread makes it durable while we write on
             with self._sync_cond:
                 self._to_sync += written
-                self._to_sync_bytes += sum(len(batch.body) for _, batch, _ in queue)
+                self._to_sync_bytes += size
                 self._sync_cond.notify()
             return
         touched = {p for _, _, p in written}
