@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import psycopg
 import pytest
@@ -52,6 +53,18 @@ LOAD_S = 60.0
 KILL_WINDOW_S = (8.0, 45.0)  # each kill lands at a random moment in this part of the load
 LAND_DEADLINE_S = 300.0  # for every acked event to be in PostgreSQL after the load
 Kill = tuple[float, str, Callable[[], None]]  # when into the load, what, how
+
+
+class Landed(NamedTuple):
+    """A kill as it happened: when into the load, what, the batches acked before it and the
+    requests in flight at that moment."""
+
+    at: float
+    what: str
+    acked_before: int
+    in_flight: int
+
+
 pytestmark = [pytest.mark.slow, pytest.mark.kafka, pytest.mark.timeout(1200)]
 
 
@@ -144,22 +157,23 @@ async def client(ledger: Ledger, balancer: Balancer, k: int, stop: asyncio.Event
 async def load_with_kills(
     ledger: Ledger,
     balancer: Balancer,
-    kills: list[tuple[float, str, callable]],  # type: ignore[valid-type]
-) -> tuple[list[tuple[float, str]], int]:
-    """Run the clients for ``LOAD_S`` and the kills at their moments; when each landed, and
-    how many batches were acked after the last one."""
+    kills: list[Kill],
+) -> tuple[list[Landed], int]:
+    """Run the clients for ``LOAD_S`` and the kills at their moments; when each landed (with
+    the batches acked before it and those in flight at it), and how many batches were acked
+    after the last one."""
     stop = asyncio.Event()
     clients = [
         asyncio.create_task(client(ledger, balancer, k, stop))
         for k in range(CLIENTS_PER_COLLECTOR * len(balancer.ports))
     ]
     start = time.monotonic()
-    done: list[tuple[float, str]] = []
+    done: list[Landed] = []
     for at, what, kill in sorted(kills, key=lambda k: k[0]):
         await asyncio.sleep(max(0.0, start + at - time.monotonic()))
-        acked_before = len(ledger.acked)
+        acked_before, in_flight = len(ledger.acked), len(ledger.unanswered)
         kill()
-        done.append((time.monotonic() - start, f"{what} (after {acked_before} acked batches)"))
+        done.append(Landed(time.monotonic() - start, what, acked_before, in_flight))
     after_kills = len(ledger.acked)
     await asyncio.sleep(max(0.0, start + LOAD_S - time.monotonic()))
     stop.set()
@@ -218,7 +232,8 @@ def test_acked_events_land_once_through_broker_worker_and_collector_kills(
             kills = kill_plan(rng, kafka, spark_cluster, collectors)
             balancer = Balancer(collectors, ports)
             landed_kills, acked_since = asyncio.run(load_with_kills(ledger, balancer, kills))
-            print("kills:", landed_kills, "then", acked_since, "acked batches")
+            gave_up = len(ledger.batches) - len(ledger.acked)
+            print("kills:", landed_kills, "then", acked_since, "acked;", gave_up, "given up")
             assert acked_since > 100, f"no recovery after the kills {landed_kills}: {acked_since}"
             wanted = acked_events(ledger)
             assert len(wanted) > 2000, f"too little was acked to mean much: {len(wanted)}"
@@ -239,9 +254,12 @@ def test_acked_events_land_once_through_broker_worker_and_collector_kills(
     unknown = [eid for eid in rows if eid not in ledger.events]
     assert not unknown, f"seed {seed}: rows that were never sent: {unknown[:10]}"
     assert wanted <= set(rows)
-    # each kill landed while events were being acked on both sides of it
-    gave_up = sum(1 for b in ledger.batches if b not in ledger.acked)
-    assert gave_up > 0, "no batch went unacked: the collector's kill landed outside the load"
+    # each kill landed in the load: batches acked before it, requests in flight at it (and, from
+    # acked_since, many acked after the last). A request in flight at a collector's kill may still
+    # be acked: its intake workers outlive the main process by a few milliseconds and produce to
+    # Kafka themselves, so a batch given up is not a property to assert.
+    for kill in landed_kills:
+        assert kill.acked_before > 0 and kill.in_flight > 0, f"outside the load: {kill}"
 
 
 def kill_plan(
