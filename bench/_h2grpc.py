@@ -24,6 +24,7 @@ from typing import Any, cast
 
 from hpack import Decoder
 
+from headwater.collector.grpc_server import length_prefixed
 from headwater.collector.http2 import (
     ACK,
     CONTINUATION,
@@ -32,12 +33,14 @@ from headwater.collector.http2 import (
     ENABLE_PUSH,
     END_HEADERS,
     END_STREAM,
+    FRAME_HEAD,
+    FRAME_HEAD_SIZE,
     GOAWAY,
     HEADERS,
     INITIAL_WINDOW_SIZE,
     MAX_FRAME_SIZE,
+    MAX_WINDOW,
     NO_ERROR,
-    PADDED,
     PING,
     PREFACE,
     PRIORITY_FLAG,
@@ -49,6 +52,8 @@ from headwater.collector.http2 import (
     literal,
     parse_settings,
     settings_frame,
+    strip_padding,
+    u32,
     window_update,
 )
 
@@ -132,7 +137,7 @@ class GrpcConnection(asyncio.Protocol):
         self._calls[stream] = _Call(token)
         self._stream_windows[stream] = self._initial_window
         head = frame(HEADERS, END_HEADERS, stream, self.block)
-        data = memoryview(b"\x00" + struct.pack(">I", len(message)) + message)
+        data = memoryview(length_prefixed(message))
         if self._pending:  # calls before it wait for a window: it waits behind them
             self._write(head)
             self._pending.append((stream, data))
@@ -190,7 +195,7 @@ class GrpcConnection(asyncio.Protocol):
         message = None
         if not problem:
             body = call.body
-            if len(body) < 5 or body[0] != 0 or struct.unpack(">I", body[1:5])[0] != len(body) - 5:
+            if len(body) < 5 or length_prefixed(bytes(body[5:])) != body:
                 problem = "the response is not one uncompressed gRPC message"
             else:
                 message = bytes(body[5:])
@@ -206,14 +211,13 @@ class GrpcConnection(asyncio.Protocol):
         buffer = self._buffer
         buffer += data
         start = 0
-        while len(buffer) - start >= 9:
-            length = int.from_bytes(buffer[start : start + 3], "big")
-            end = start + 9 + length
+        while len(buffer) - start >= FRAME_HEAD_SIZE:
+            high, low, kind, flags, stream = FRAME_HEAD.unpack_from(buffer, start)
+            end = start + FRAME_HEAD_SIZE + (high << 8 | low)
             if len(buffer) < end:
                 break
-            kind, flags = buffer[start + 3], buffer[start + 4]
-            stream = int.from_bytes(buffer[start + 5 : start + 9], "big") & 0x7FFF_FFFF
-            self._frame(kind, flags, stream, bytes(buffer[start + 9 : end]))
+            payload = bytes(buffer[start + FRAME_HEAD_SIZE : end])
+            self._frame(kind, flags, stream & MAX_WINDOW, payload)
             start = end
         del buffer[:start]
 
@@ -221,8 +225,7 @@ class GrpcConnection(asyncio.Protocol):
         assert self.transport is not None
         if kind == DATA:
             self._received += len(payload)
-            if flags & PADDED:
-                payload = payload[1 : len(payload) - payload[0]]
+            payload = strip_padding(flags, payload)
             call = self._calls.get(stream)
             if call is not None:
                 call.body += payload
@@ -233,8 +236,7 @@ class GrpcConnection(asyncio.Protocol):
                 self._received = 0
         elif kind in (HEADERS, CONTINUATION):
             if kind == HEADERS:
-                if flags & PADDED:
-                    payload = payload[1 : len(payload) - payload[0]]
+                payload = strip_padding(flags, payload)
                 if flags & PRIORITY_FLAG:
                     payload = payload[5:]
                 self._header_stream, self._header_flags = stream, flags
@@ -257,7 +259,7 @@ class GrpcConnection(asyncio.Protocol):
                     self.ready.set_result(None)
                 self._flush_pending()
         elif kind == WINDOW_UPDATE:
-            increment = struct.unpack(">I", payload)[0] & 0x7FFF_FFFF
+            increment = u32(payload)
             if stream == 0:
                 self._window += increment
             elif stream in self._stream_windows:
@@ -267,12 +269,12 @@ class GrpcConnection(asyncio.Protocol):
             if not flags & ACK:
                 self._write(frame(PING, ACK, 0, payload))
         elif kind == RST_STREAM:
-            code = struct.unpack(">I", payload)[0]
+            code = u32(payload)
             self._finish(stream, f"the server reset the stream (HTTP/2 error {code})")
         elif kind == GOAWAY:
             last, code = struct.unpack(">II", payload[:8])
             message = payload[8:].decode(errors="replace")
-            for s in [s for s in self._calls if s > last & 0x7FFF_FFFF]:
+            for s in [s for s in self._calls if s > last & MAX_WINDOW]:
                 self._finish(s, f"GOAWAY (HTTP/2 error {code}) {message}".strip())
 
     def _headers(self, stream: int, flags: int, block: bytes) -> None:

@@ -16,7 +16,7 @@ from hpack import Decoder, Encoder
 from headwater.collector import http2 as h2
 from headwater.collector.config import LimitsConfig
 from headwater.collector.errors import Code, Rejected, unavailable
-from headwater.collector.grpc_server import GrpcServer
+from headwater.collector.grpc_server import GrpcServer, length_prefixed
 from headwater.collector.protocols import raccoon
 
 LIMITS = LimitsConfig()
@@ -415,7 +415,7 @@ class RawClient:
         self.writer.write(h2.frame(h2.HEADERS, h2.END_HEADERS, stream, block))
 
     def message(self, stream: int, message: bytes) -> None:
-        data = b"\x00" + len(message).to_bytes(4, "big") + message
+        data = length_prefixed(message)
         self.writer.write(h2.frame(h2.DATA, h2.END_STREAM, stream, data))
 
     async def ping(self) -> list[tuple[int, int, int, bytes]]:
@@ -478,7 +478,7 @@ def test_an_answer_waits_for_the_clients_flow_control_window() -> None:
             client.writer.write(h2.window_update(1, 1000))
             kind, _, stream, rest = await client.frame()
             assert (kind, stream) == (h2.DATA, 1)
-            assert first + rest == b"\x00" + (100).to_bytes(4, "big") + response
+            assert first + rest == length_prefixed(response)
             kind, flags, stream, trailers = await client.frame()
             assert (kind, stream) == (h2.HEADERS, 1) and flags & h2.END_STREAM
             assert b"(b'grpc-status', b'0')" in trailers
@@ -561,7 +561,7 @@ def test_requests_still_arriving_hold_the_connections_window() -> None:
         server = await raw_server(rec, max_message_bytes=16 * mib)
         client = await RawClient.connect(server.port)
         try:
-            data = b"\x00" + len(message).to_bytes(4, "big") + message
+            data = length_prefixed(message)
             client.headers(1)
             parts = [data[i : i + mib] for i in range(0, len(data), mib)]
             for part in parts[:-1]:
@@ -596,7 +596,7 @@ def test_mutated_http2_sessions_never_break_the_server(caplog: pytest.LogCapture
         ("x-user-id", "u"),
     ]
     message = request("fz")
-    data = b"\x00" + len(message).to_bytes(4, "big") + message
+    data = length_prefixed(message)
     session = (
         h2.PREFACE
         + h2.settings_frame({h2.INITIAL_WINDOW_SIZE: 100, h2.MAX_FRAME_SIZE: 16_384})

@@ -87,6 +87,11 @@ _SETTINGS = h2.settings_frame(
 _GREETING = _SETTINGS + h2.window_update(0, RECEIVE_WINDOW - h2.DEFAULT_WINDOW)
 
 
+def length_prefixed(message: bytes) -> bytes:
+    """A gRPC message as it travels in DATA frames: uncompressed (flag 0), its length, itself."""
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
 def _status_block(code: int, message: str, http_status: int = 200) -> bytes:
     """A trailers-only answer's header block: gRPC status ``code`` with ``message``."""
     encoded = quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode()
@@ -243,10 +248,9 @@ class _Connection(asyncio.Protocol):
             self._send(h2.goaway(self._last_id, h2.NO_ERROR))
 
     def close(self) -> None:
+        self._flush()
         if self.transport is not None:
-            self._flush()
-            if self.transport is not None:
-                self.transport.close()
+            self.transport.close()
 
     # -- frames in -------------------------------------------------------------------------------
 
@@ -541,7 +545,7 @@ class _Connection(asyncio.Protocol):
             self._send(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, s.id, block))
         else:
             assert response is not None
-            data = b"\x00" + len(response).to_bytes(4, "big") + response
+            data = length_prefixed(response)
             size = len(data)
             head = h2.frame(h2.HEADERS, h2.END_HEADERS, s.id, _RESPONSE_HEADERS)
             if size <= self._window and size <= s.window and size <= self._frame_limit:
