@@ -516,6 +516,40 @@ def test_metadata_over_the_limit_is_refused_and_the_connection_goes_on() -> None
     assert [raw for raw, _, _ in rec.calls] == [request("small")]
 
 
+def test_headers_that_are_not_utf8_are_unimplemented_and_the_connection_goes_on() -> None:
+    rec = Recorder()
+    good = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", raccoon.METHOD.encode())]
+    good += [(b"content-type", b"application/grpc")]
+    odd = {b":path": b"/\xff\xfe", b":method": b"P\xffST", b"grpc-encoding": b"\xffzip"}
+
+    async def main() -> None:
+        server = await raw_server(rec)
+        client = await RawClient.connect(server.port)
+        try:
+            for stream, (name, value) in zip((1, 3, 5), odd.items(), strict=True):
+                block = [(n, value if n == name else v) for n, v in good]
+                if name not in dict(good):
+                    block.append((name, value))
+                client.writer.write(
+                    h2.frame(h2.HEADERS, h2.END_HEADERS, stream, client.encoder.encode(block))
+                )
+                client.message(stream, request(f"odd-{stream}"))
+                kind, flags, got, trailers = await client.frame()
+                assert (kind, got) == (h2.HEADERS, stream) and flags & h2.END_STREAM
+                assert b"(b'grpc-status', b'12')" in trailers and b"\\\\xff" in trailers
+                assert await client.frame() == (h2.RST_STREAM, 0, stream, bytes(4))
+            client.headers(7)
+            client.message(7, request("fine"))
+            kinds = [(await client.frame())[:3] for _ in range(3)]
+            assert [k for k, _, _ in kinds] == [h2.HEADERS, h2.DATA, h2.HEADERS]
+        finally:
+            await client.close()
+            await server.stop(1)
+
+    asyncio.run(main())
+    assert [raw for raw, _, _ in rec.calls] == [request("fine")]
+
+
 @pytest.mark.parametrize(
     ("sent", "code"),
     [

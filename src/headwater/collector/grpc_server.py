@@ -103,6 +103,11 @@ def _status_block(code: int, message: str, http_status: int = 200) -> bytes:
     )
 
 
+def _shown(value: bytes) -> str:
+    """A header value for a message: as UTF-8, its other bytes escaped (``\\xff``)."""
+    return value.decode("utf-8", "backslashreplace")
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """What a call's header block says."""
@@ -416,11 +421,11 @@ class _Connection(asyncio.Protocol):
         if not request.content_type.startswith(b"application/grpc"):
             return UNIMPLEMENTED, "the content-type must be application/grpc", 415
         if request.method != b"POST":
-            return UNIMPLEMENTED, f"gRPC calls are POSTs, not {request.method.decode()}", 405
+            return UNIMPLEMENTED, f"gRPC calls are POSTs, not {_shown(request.method)}", 405
         if request.path != raccoon.METHOD.encode():
-            return UNIMPLEMENTED, f"no method {request.path.decode()}", 200
+            return UNIMPLEMENTED, f"no method {_shown(request.path)}", 200
         if request.encoding not in _ENCODINGS:
-            return UNIMPLEMENTED, f"the compression {request.encoding.decode()} is unknown", 200
+            return UNIMPLEMENTED, f"the compression {_shown(request.encoding)} is unknown", 200
         if request.size > MAX_HEADER_LIST:
             return (
                 RESOURCE_EXHAUSTED,
