@@ -587,7 +587,7 @@ def kafka_broker() -> contextlib.AbstractContextManager[KafkaCluster]:
     """One Apache Kafka broker (KRaft, on loopback, JVM ``KAFKA_JVM``), started as the tests
     start it (``headwater.testing.kafka``) and stopped, its data removed, when the block ends.
     It is a child of this process: leave it out of a ``TreeRss`` (``exclude``)."""
-    from headwater.maven import KAFKA_VERSION
+    from headwater.jvm.maven import KAFKA_VERSION
     from headwater.testing.kafka import start_kafka
 
     progress(f"starting Apache Kafka {KAFKA_VERSION}: one broker (KRaft) on loopback")
@@ -596,7 +596,7 @@ def kafka_broker() -> contextlib.AbstractContextManager[KafkaCluster]:
 
 def broker_figures(kafka: KafkaCluster) -> dict[str, Any]:
     """What a run reports of the broker: its version, JVM and peak RSS (VmHWM) so far."""
-    from headwater.maven import KAFKA_VERSION
+    from headwater.jvm.maven import KAFKA_VERSION
 
     return {
         "kafka_version": KAFKA_VERSION,

@@ -80,7 +80,7 @@ from headwater.bus.embedded.config import EmbeddedBusConfig
 from headwater.bus.embedded.segment import Segment
 from headwater.bus.errors import BusUnavailable
 from headwater.bus.records import Message
-from headwater.maven import KAFKA_VERSION
+from headwater.jvm.maven import KAFKA_VERSION
 
 RECORD_BYTES = 200
 BATCH_RECORDS = 100

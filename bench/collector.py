@@ -729,7 +729,7 @@ def role_collector(args: argparse.Namespace) -> None:
 
     threading.Thread(target=guard, name="bench-guard", daemon=True).start()
     gc_meter(Path(args.config).parent, args.collector_gc)
-    from headwater.ops.cli import cli
+    from headwater.cli.main import cli
 
     command = ["--config", args.config, "collector", "--port", "0", "--grpc-port", "0"]
     cli.main(command, prog_name="headwater")
@@ -769,7 +769,7 @@ def gc_meter(directory: Path, mode: str) -> None:
         gc.disable()
     elif mode == "freeze":  # what the collector imports, then everything so far out of reach
         import headwater.collector.server
-        import headwater.ops.up  # noqa: F401
+        import headwater.roles.up  # noqa: F401
 
         gc.collect()
         gc.freeze()

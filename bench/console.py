@@ -189,7 +189,7 @@ def make_data(config: HeadwaterConfig, events: int) -> dict[str, float]:
 
 class ConsoleProcess:
     def __init__(self, config_path: Path) -> None:
-        cmd = [sys.executable, "-m", "headwater.ops.cli", "--config", str(config_path)]
+        cmd = [sys.executable, "-m", "headwater.cli.main", "--config", str(config_path)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("HEADWATER_")}
         self.proc = subprocess.Popen(
             [*cmd, "console", "--port", "0"], stdout=subprocess.PIPE, text=True, env=env

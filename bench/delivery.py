@@ -163,7 +163,7 @@ async def headwater_task(url: str, chunks: list, sessions: int) -> tuple[float, 
     from headwater.delivery.sender import Sender
     from headwater.delivery.sessions import TaskDelivery
     from headwater.delivery.task import items
-    from headwater.http_client import HttpClient
+    from headwater.http.client import HttpClient
 
     config = HttpDeliveryConfig(
         url=url, max_batch_bytes=1_000_000, max_parallel_sessions=min(sessions, 64)

@@ -120,7 +120,7 @@ def receiver_main(port_file: Path) -> None:
 # -- headwater (a child process) ---------------------------------------------------------------
 def headwater_main(config_file: Path, port_file: Path) -> None:
     from headwater.config.loader import load_config
-    from headwater.ops.up import Listen, run
+    from headwater.roles.up import Listen, run
 
     config = load_config(config_file)
 
@@ -141,7 +141,7 @@ def relay_main(receiver: str, port_file: Path, concurrency: int) -> None:
     import orjson
     from aiohttp import web
 
-    from headwater.http_client import HttpClient
+    from headwater.http.client import HttpClient
     from headwater.webhooks.signing import Signer
 
     signer = Signer.from_secrets([SECRET])

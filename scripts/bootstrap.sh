@@ -149,17 +149,17 @@ ensure_package() {
     printf '%s\n' "$want" >"$STAMP"
 }
 
-# The driver JVM's class-data sharing archive (headwater.pipeline.jvm): made once per JVM and
-# Spark version (about 30 s), then a cold Spark session starts in ~2 s instead of ~6.
+# The driver JVM's class-data sharing archive (headwater.pipeline.jvm_archive): made once per
+# JVM and Spark version (about 30 s), then a cold Spark session starts in ~2 s instead of ~6.
 ensure_jvm_archive() {
-    "$VENV/bin/python" -m headwater.pipeline.jvm --quiet ||
+    "$VENV/bin/python" -m headwater.pipeline.jvm_archive --quiet ||
         say "could not make the JVM class archive (Spark starts without it, slower)"
 }
 
-# Apache Kafka and Spark's Kafka connector, with their dependencies (headwater.maven): fetched
+# Apache Kafka and Spark's Kafka connector, with their dependencies (headwater.jvm.maven): fetched
 # once (about a minute), then this is a check of two stamp files.
 ensure_jvm_artifacts() {
-    "$VENV/bin/python" -m headwater.maven broker connector --quiet ||
+    "$VENV/bin/python" -m headwater.jvm.maven broker connector --quiet ||
         die "could not fetch Apache Kafka or Spark's Kafka connector from Maven Central (see above)"
 }
 

@@ -1,6 +1,6 @@
 """``python -m headwater``: the same as the ``headwater`` command."""
 
-from headwater.ops.cli import main
+from headwater.cli.main import main
 
 if __name__ == "__main__":
     main()

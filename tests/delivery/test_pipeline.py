@@ -19,10 +19,10 @@ from click.testing import CliRunner
 
 from headwater.bus import Message, open_bus
 from headwater.bus import context as ctx
+from headwater.cli.main import cli
 from headwater.config.loader import load_config
 from headwater.delivery.bodies import TRIMMED
 from headwater.delivery.metrics import METRICS
-from headwater.ops.cli import cli
 from headwater.pipeline.runner import Pipeline
 from headwater.testing.http_receiver import Batch, BatchReceiver, running_batch_receiver
 from headwater.testing.webhooks import Reply

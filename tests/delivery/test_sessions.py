@@ -18,7 +18,7 @@ from headwater.delivery.bodies import TRIMMED, BodyFormat, Event, trim
 from headwater.delivery.config import HttpDeliveryConfig
 from headwater.delivery.sender import DestinationRefused, Sender
 from headwater.delivery.sessions import Report, TaskDelivery
-from headwater.http_client import HttpClient
+from headwater.http.client import HttpClient
 from headwater.testing.http_receiver import Batch, BatchReceiver, running_batch_receiver
 from headwater.testing.webhooks import Reply
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from headwater.cli.main import cli
 from headwater.config.model import HeadwaterConfig
-from headwater.ops.cli import cli
 from headwater.pipeline.failed import (
     REPLAY_OF,
     FailedEvent,

@@ -21,7 +21,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from tests.ops.test_status_sql import _no_headwater_env, hw  # noqa: F401 (a fixture)
+from tests.cli.test_status_sql import _no_headwater_env, hw  # noqa: F401 (a fixture)
 
 from headwater.bus import Bus, context, open_bus
 from headwater.bus.records import Message

@@ -20,8 +20,8 @@ from click.testing import CliRunner
 
 from headwater.bus import Message, open_bus
 from headwater.bus import context as ctx
+from headwater.cli.main import cli
 from headwater.config.loader import load_config
-from headwater.ops.cli import cli
 from headwater.pipeline.failed import FailedStore
 from headwater.pipeline.runner import Pipeline
 

@@ -112,7 +112,7 @@ def duck_counts(path: Path) -> tuple[int, int]:
     script = (
         "import json, sys\n"
         "from pathlib import Path\n"
-        "from headwater.ops.sql_cmds import query\n"
+        "from headwater.ops.warehouse import query\n"
         "try:\n"
         "    _, rows = query(Path(sys.argv[1]), 'select count(*), count(distinct n) from events')\n"
         "except Exception:\n"  # no table yet

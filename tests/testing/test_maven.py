@@ -1,4 +1,4 @@
-"""headwater.maven: JVM artifacts are fetched once into the cache, a half-done or outdated fetch
+"""headwater.jvm.maven: JVM artifacts are fetched once into the cache, a half-done or outdated fetch
 is never used, and a machine without mvn gets an error that says what to do."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from headwater import maven
-from headwater.maven import Artifact, ArtifactError, cached, fetch, unversioned
+from headwater.jvm import maven
+from headwater.jvm.maven import Artifact, ArtifactError, cached, fetch, unversioned
 
 TINY = Artifact("a test artifact", "org.example", "tiny", "1.0")
 

@@ -26,8 +26,8 @@ from tests.transport.pg_source import (
 )
 
 from headwater.bus.embedded.backend import EmbeddedBus
+from headwater.cli.main import cli as main_cli
 from headwater.config.model import HeadwaterConfig
-from headwater.ops.cli import cli as main_cli
 from headwater.pipeline.failed import FailedStore
 from headwater.pipeline.runner import Pipeline
 from headwater.transport.message import Change, Mode, Op, encode

@@ -24,7 +24,7 @@ from tests.transport.pg_source import (
 )
 
 from headwater.bus.embedded.backend import EmbeddedBus
-from headwater.ops.cli import cli
+from headwater.cli.main import cli
 from headwater.testing.collector import CollectorProcess
 from headwater.transport.message import Op
 

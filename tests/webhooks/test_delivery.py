@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from headwater.http_client import HttpClient
-from headwater.http_headers import retry_after
+from headwater.http.client import HttpClient
+from headwater.http.headers import retry_after
 from headwater.testing.webhooks import Reply, running_receiver
 from headwater.webhooks.config import SVIX_RETRY_SCHEDULE_S, ReceiverConfig
 from headwater.webhooks.delivery import (

@@ -14,9 +14,9 @@ from typing import Any
 from click.testing import CliRunner
 
 from headwater.bus import open_bus
+from headwater.cli.main import cli
 from headwater.collector.auth import hash_key
 from headwater.config.model import HeadwaterConfig
-from headwater.ops.cli import cli
 from headwater.testing.webhooks import (
     Receiver,
     Reply,

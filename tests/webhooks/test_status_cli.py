@@ -8,8 +8,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from headwater.cli.main import cli
 from headwater.config.loader import load_config
-from headwater.ops.cli import cli
 from headwater.webhooks.state import Attempt, Status, open_state
 
 

@@ -40,6 +40,7 @@ import signal
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from headwater.collector.config import CollectorConfig
@@ -68,9 +69,7 @@ def _preload() -> None:
     import headwater.collector.grpc_server
     import headwater.collector.link
     import headwater.collector.server
-    import headwater.collector.service
-    import headwater.collector.worker
-    import headwater.ops.up  # noqa: F401
+    import headwater.collector.service  # noqa: F401
 
     gc.collect()
     gc.freeze()
@@ -103,13 +102,28 @@ def _socket(host: str, port: int, *, listen: bool) -> socket.socket:
     return s
 
 
+# What a forked worker runs: (config, its listening socket, the gRPC port, its end of the link,
+# its shared ring) -> exit code. The process assembling the roles provides it, so a worker serves
+# what that process would (the collector with its webhook intake).
+WorkerMain = Callable[
+    ["HeadwaterConfig", socket.socket, "int | None", socket.socket, "mmap.mmap | None"], int
+]
+
+
 class IntakeWorkers:
     """The forked intake processes, seen from the main process."""
 
     def __init__(
-        self, config: HeadwaterConfig, host: str, port: int, grpc_port: int | None, count: int
+        self,
+        config: HeadwaterConfig,
+        host: str,
+        port: int,
+        grpc_port: int | None,
+        count: int,
+        main: WorkerMain,
     ) -> None:
         self.config = config
+        self.main = main
         self.host = host
         self.port = port
         self.grpc_port = grpc_port
@@ -156,9 +170,7 @@ class IntakeWorkers:
                     link.close()
                 if self._grpc_hold is not None:
                     self._grpc_hold.close()
-                from headwater.collector.worker import run_worker
-
-                code = run_worker(self.config, self.sockets[index], self.grpc_port, theirs, ring)
+                code = self.main(self.config, self.sockets[index], self.grpc_port, theirs, ring)
             except BaseException:
                 traceback.print_exc()
             finally:

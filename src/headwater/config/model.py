@@ -9,7 +9,7 @@ from pydantic import Field
 from headwater.bus.config import BusConfig
 from headwater.collector.config import CollectorConfig
 from headwater.config.base import Section
-from headwater.ops.console.config import ConsoleConfig
+from headwater.console.config import ConsoleConfig
 from headwater.pipeline.config import PipelineConfig
 from headwater.transport.config import TransportConfig
 from headwater.webhooks.config import WebhooksConfig

@@ -16,6 +16,8 @@ gives:
   embedded log's tasks are a single machine's cores.
 - **Records** (Spark's Kafka connector, already in the JVM): ``get_json_object`` per path and
   Spark's ``repartition`` by the key, then ``sortWithinPartitions`` by topic, partition, offset.
+
+The pipeline's sink lays a batch out by these (``headwater.pipeline.sink.session_frame``).
 """
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from headwater.destinations.base import SESSION_COLUMN
-from headwater.pipeline.columns import pointer_parts
+from headwater.pipeline.columns import pointer_parts, utf8_or_null
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import Column
 
 KEY_SEPARATOR = "\x1f"
 
@@ -53,23 +55,6 @@ def session_key(group_by: list[str]) -> Column:
     text = F.col("value").cast("string")
     parts = [F.coalesce(F.get_json_object(text, json_path(p)), F.lit("")) for p in group_by]
     return parts[0] if len(parts) == 1 else F.concat_ws(KEY_SEPARATOR, *parts)
-
-
-def session_frame(
-    frame: DataFrame, ranges: list[dict[str, Any]] | None, group_by: list[str]
-) -> DataFrame:
-    """The sink's frame for ``frame`` (records, or ranges of records when ``ranges`` is not
-    None) with each session in one task, in log order."""
-    tasks = frame.sparkSession.sparkContext.defaultParallelism
-    if ranges is not None:
-        from headwater.pipeline.sink import ranges_frame
-
-        return ranges_frame(frame.sparkSession, ranges, Buckets(tasks, group_by))
-    return (
-        frame.withColumn(SESSION_COLUMN, session_key(group_by))
-        .repartition(tasks, SESSION_COLUMN)
-        .sortWithinPartitions("topic", "partition", "offset")
-    )
 
 
 @dataclass(frozen=True)
@@ -98,7 +83,6 @@ def bucket_records(
     import pyarrow as pa
 
     from headwater.pipeline.sql import lit
-    from headwater.pipeline.task import utf8_or_null
 
     parts = [
         f"coalesce(try(json_extract_string(text, {lit('/' + '/'.join(pointer_parts(p)))})), '')"

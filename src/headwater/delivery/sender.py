@@ -26,13 +26,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from headwater.compression import gzip_compress
 from headwater.delivery.bodies import BodyFormat, Pack, split
 from headwater.delivery.config import HttpDeliveryConfig
 from headwater.delivery.metrics import Tally
 from headwater.errors import TerminalError
-from headwater.http_client import HttpClient
-from headwater.http_headers import retry_after
+from headwater.http.client import HttpClient
+from headwater.http.compression import gzip_compress
+from headwater.http.headers import retry_after
 
 SESSION_HEADER = "X-Headwater-Session"
 IDEMPOTENCY_HEADER = "Idempotency-Key"

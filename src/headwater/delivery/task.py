@@ -35,7 +35,7 @@ from headwater.destinations.base import (
     RECORD_COLUMNS,
     SESSION_COLUMN,
 )
-from headwater.http_client import HttpClient
+from headwater.http.client import HttpClient
 
 GIVEN_UP = "HW-DLV-002"  # the receiver kept failing, or answered a terminal 4xx
 TOO_LARGE = "HW-DLV-003"  # larger than max_batch_bytes even trimmed

@@ -25,11 +25,12 @@ from headwater.destinations.base import (
     StagedPart,
     TableSchema,
 )
+from headwater.destinations.session import TableChanged
 from headwater.destinations.types import ColumnType
 
 if TYPE_CHECKING:
     from headwater.destinations.dialect import Dialect
-    from headwater.destinations.sql import Session
+    from headwater.destinations.session import Session
 
 _UNSAFE = re.compile(r"[^0-9A-Za-z_.-]")
 
@@ -202,8 +203,6 @@ def commit_with_ledger(
 ) -> bool:
     """One SQL transaction: the ledger row (already there: roll back, False), then ``move``;
     when ``move`` finds a table changed underneath, roll back, ``repatch`` and retry once."""
-    from headwater.destinations.sql import TableChanged
-
     for attempt in (1, 2):
         session.begin()
         try:

@@ -19,6 +19,8 @@ NULL), ``_hw_novel``, ``_hw_routed`` and ``_hw_json`` for novel rows (what the t
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from headwater.destinations.base import ORDER_COLUMN, SESSION_COLUMN
 
 INPUT = "hw_input"  # the relation the task registers with DuckDB
@@ -67,3 +69,25 @@ def failure(step: str, code: str, reason: str) -> str:
 def pointer_parts(pointer: str) -> tuple[str, ...]:
     """``/a/b`` (the mapping rules' JSON path form, leading ``/`` optional) as ``("a", "b")``."""
     return tuple(p for p in pointer.strip().split("/") if p)
+
+
+def utf8_or_null(values: pa.Array, *, replace: bool = False) -> pa.Array:
+    """``values`` (binary) as text: the same buffers seen as text when they are valid UTF-8
+    (checked by Arrow in one pass, no copy); else, per value, null (or with replacement
+    characters when ``replace``)."""
+    text = values.view(pa.string())
+    try:
+        text.validate(full=True)
+        return text
+    except pa.ArrowInvalid:
+        pass
+    out = []
+    for v in values.to_pylist():
+        if v is None:
+            out.append(None)
+            continue
+        try:
+            out.append(v.decode("utf-8"))
+        except UnicodeDecodeError:
+            out.append(v.decode("utf-8", "replace") if replace else None)
+    return pa.array(out, pa.string())

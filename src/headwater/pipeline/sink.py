@@ -268,8 +268,8 @@ class Buses:
 
     def read(self, row: Mapping[str, Any], limit: int | None = None) -> Iterator[pa.RecordBatch]:
         """The records of a range (at most ``limit`` of its first)."""
+        import headwater.pipeline.source.offsets as off
         from headwater.pipeline.failed import failed_config
-        from headwater.pipeline.source import offsets as off
         from headwater.pipeline.source.reader import LogRange, read_range
 
         bus = row["bus"]
@@ -356,3 +356,32 @@ def run(
     for m in messages:
         summary.merge(Summary.from_json(m.summary))
     return SinkResult([StagedPart.from_json(p) for m in messages for p in m.parts], summary)
+
+
+def session_frame(
+    frame: DataFrame, ranges: list[dict[str, Any]] | None, group_by: list[str]
+) -> DataFrame:
+    """The sink's frame for ``frame`` (records, or ranges of records when ``ranges`` is not
+    None) with each session in one task, in log order."""
+    from headwater.delivery.frame import Buckets, session_key
+    from headwater.destinations.base import SESSION_COLUMN
+
+    tasks = frame.sparkSession.sparkContext.defaultParallelism
+    if ranges is not None:
+        return ranges_frame(frame.sparkSession, ranges, Buckets(tasks, group_by))
+    return (
+        frame.withColumn(SESSION_COLUMN, session_key(group_by))
+        .repartition(tasks, SESSION_COLUMN)
+        .sortWithinPartitions("topic", "partition", "offset")
+    )
+
+
+def warm() -> None:
+    """Load what running a program needs (a worker's first task then starts at once): this
+    module, the task's and the lookups'."""
+    import duckdb
+
+    from headwater.pipeline import task  # noqa: F401
+    from headwater.pipeline.steps import lookup  # noqa: F401
+
+    duckdb.connect().execute("SELECT 1").fetchall()

@@ -3,7 +3,7 @@
 Local mode binds to loopback and runs the Python workers on this interpreter unless
 ``PYSPARK_PYTHON`` says otherwise. The PostgreSQL JDBC driver is put on the classpath when the
 Debian package's jar is there, and Spark's Kafka connector (fetched once from Maven Central, see
-:mod:`headwater.maven`) when the bus is Kafka. headwater's Spark data source
+:mod:`headwater.jvm.maven`) when the bus is Kafka. headwater's Spark data source
 (``format("headwater")``) is registered on every session this module builds.
 """
 
@@ -60,7 +60,7 @@ def kafka_connector_jars() -> list[str]:
     the first time)."""
     from pyspark.find_spark_home import _find_spark_home
 
-    from headwater.maven import fetch, spark_kafka_connector, unversioned
+    from headwater.jvm.maven import fetch, spark_kafka_connector, unversioned
 
     shipped = {unversioned(j) for j in (Path(_find_spark_home()) / "jars").glob("*.jar")}
     jars = fetch(spark_kafka_connector(), quiet=False)
@@ -78,8 +78,8 @@ def settings(config: SparkConfig, kafka: bool = False) -> dict[str, str]:
         every += kafka_connector_jars()
     if every:
         out["spark.jars"] = ",".join(every)
-    if local:  # the driver is the whole cluster: start it fast (headwater.pipeline.jvm)
-        from headwater.pipeline.jvm import driver_options
+    if local:  # the driver is the whole cluster: start it fast (headwater.pipeline.driver_jvm)
+        from headwater.pipeline.driver_jvm import driver_options
 
         # keyed by the default jars: spark.jars are loaded by Spark's own class loader, not
         # from the JVM's class path that the archive depends on
@@ -126,9 +126,9 @@ def warm_workers(session: SparkSession) -> None:
 
 
 def _warm(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    from headwater.pipeline import task
+    from headwater.pipeline import sink
 
-    task.warm()
+    sink.warm()
     for batch in batches:
         yield batch.slice(0, 0)
 

@@ -47,6 +47,7 @@ from headwater.pipeline.columns import (
     TABLE,
     UTF8,
     header,
+    utf8_or_null,
 )
 from headwater.pipeline.failed import FailedEvent, make_id, now_iso
 from headwater.pipeline.positions import Positions
@@ -196,28 +197,6 @@ def header_values(headers: pa.Array, names: Iterable[str]) -> dict[str, pa.Array
     return out
 
 
-def utf8_or_null(values: pa.Array, *, replace: bool = False) -> pa.Array:
-    """``values`` (binary) as text: the same buffers seen as text when they are valid UTF-8
-    (checked by Arrow in one pass, no copy); else, per value, null (or with replacement
-    characters when ``replace``)."""
-    text = values.view(pa.string())
-    try:
-        text.validate(full=True)
-        return text
-    except pa.ArrowInvalid:
-        pass
-    out = []
-    for v in values.to_pylist():
-        if v is None:
-            out.append(None)
-            continue
-        try:
-            out.append(v.decode("utf-8"))
-        except UnicodeDecodeError:
-            out.append(v.decode("utf-8", "replace") if replace else None)
-    return pa.array(out, pa.string())
-
-
 # -- memory ---------------------------------------------------------------------------------
 def release_memory() -> None:
     """Hand what the process freed back to the system (after a task: a Python worker then
@@ -286,16 +265,6 @@ class Engine:
         if self._aside is not None:
             self._aside.close()
         self.con.close()
-
-
-def warm() -> None:
-    """Load what running a program needs (a worker's first task then starts at once)."""
-    import duckdb
-
-    from headwater.pipeline import sink  # noqa: F401  (the writer's module)
-    from headwater.pipeline.steps import lookup  # noqa: F401
-
-    duckdb.connect().execute("SELECT 1").fetchall()
 
 
 # -- a task's run -----------------------------------------------------------------------------

@@ -113,9 +113,7 @@ class DestinationWriter:
         with stats.phase("plan"):
             df, ranges = sink.task_frame(df)
             if ranges != [] and destination.session_paths:
-                from headwater.delivery.frame import session_frame
-
-                df = session_frame(df, ranges, list(destination.session_paths))
+                df = sink.session_frame(df, ranges, list(destination.session_paths))
         if ranges == []:  # nothing in the batch: record it, no job
             destination.commit_staged(self.dest.id, batch_id, [], {})
             self._done(stats)

@@ -1,8 +1,8 @@
 """Start throwaway Apache Kafka brokers (KRaft mode) on loopback for tests and benchmarks.
 
 The broker is Apache Kafka itself (``org.apache.kafka:kafka_2.13``, fetched once from Maven
-Central by :mod:`headwater.maven`), each node both broker and controller, its data in a temporary
-folder that is removed when the context exits::
+Central by :mod:`headwater.jvm.maven`), each node both broker and controller, its data in a
+temporary folder that is removed when the context exits::
 
     with start_kafka() as kafka:                       # one broker
         Producer({"bootstrap.servers": kafka.bootstrap_servers})
@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from headwater.maven import KAFKA_BROKER, classpath, fetch
+from headwater.jvm.maven import KAFKA_BROKER, classpath, fetch
 from headwater.testing._service import stop_process, tail, wait_ready
 from headwater.testing.ports import free_port
 

@@ -198,7 +198,7 @@ def run_steps(
     from headwater.webhooks.receiving import Receiving
 
     async def go() -> T:
-        from headwater.http_client import HttpClient
+        from headwater.http.client import HttpClient
 
         async with HttpClient() as session:
 
@@ -239,7 +239,7 @@ def running_headwater(
     the process's SparkSession) until the block ends."""
     import queue
 
-    from headwater.ops.up import Listen, serve
+    from headwater.roles.up import Listen, serve
 
     config = config.model_copy(
         update={"collector": config.collector.model_copy(update={"grpc_port": None})}

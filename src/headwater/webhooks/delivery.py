@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from enum import StrEnum
 
-from headwater.http_client import HttpClient
-from headwater.http_headers import retry_after
+from headwater.http.client import HttpClient
+from headwater.http.headers import retry_after
 from headwater.webhooks.config import ReceiverConfig
 from headwater.webhooks.signing import Signer
 from headwater.webhooks.state.base import EXCERPT_BYTES, Attempt

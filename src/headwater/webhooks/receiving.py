@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from headwater.http_client import HttpClient
+from headwater.http.client import HttpClient
 from headwater.webhooks.config import (
     SVIX_RETRY_SCHEDULE_S,
     ReceiverConfig,

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from headwater.bus.base import Bus, Consumer
 from headwater.bus.records import Message, Record, TopicPartition
 from headwater.errors import HeadwaterError, TerminalError
-from headwater.http_client import HttpClient
+from headwater.http.client import HttpClient
 from headwater.webhooks.callbacks import to_sender
 from headwater.webhooks.config import ReceiverConfig, WebhooksConfig
 from headwater.webhooks.receiving import Receiving, Step

@@ -5,18 +5,38 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from headwater.bus.base import Consumer
 from headwater.bus.errors import BusClosed, InvalidArgument, OffsetOutOfRange, UnknownPartition
-from headwater.bus.records import Record, TopicPartition
+from headwater.bus.records import Record, TopicInfo, TopicPartition
 
-if TYPE_CHECKING:
-    from headwater.bus.embedded.backend import EmbeddedBus
+
+class ConsumedLog(Protocol):
+    """What a consumer needs of the embedded log (``EmbeddedBus``): the ``Bus`` reads and group
+    offsets, and a way to wait for new records."""
+
+    arrival_generation: int
+
+    def topic(self, name: str) -> TopicInfo: ...
+
+    def read(
+        self, topic: str, partition: int, offset: int, max_records: int = ...
+    ) -> list[Record]: ...
+
+    def watermarks(self, topic: str, partition: int) -> tuple[int, int]: ...
+
+    def commit(self, group: str, offsets: Mapping[TopicPartition, int]) -> None: ...
+
+    def committed(
+        self, group: str, topics: Sequence[str] | None = None
+    ) -> dict[TopicPartition, int]: ...
+
+    def wait_for_arrivals(self, since: int, timeout: float) -> None: ...
 
 
 class EmbeddedConsumer(Consumer):
-    def __init__(self, bus: EmbeddedBus, group: str, topics: Sequence[str]) -> None:
+    def __init__(self, bus: ConsumedLog, group: str, topics: Sequence[str]) -> None:
         if not group:
             raise InvalidArgument("group name must not be empty")
         if isinstance(topics, str):

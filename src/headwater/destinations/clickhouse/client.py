@@ -51,7 +51,8 @@ from headwater.destinations.batches import (
 )
 from headwater.destinations.clickhouse import mirror
 from headwater.destinations.clickhouse.dialect import ClickHouseDialect
-from headwater.destinations.sql import LEDGER, TableChanged
+from headwater.destinations.session import TableChanged
+from headwater.destinations.sql import LEDGER
 from headwater.destinations.types import ColumnType
 from headwater.errors import HeadwaterError
 from headwater.transport.apply import MirrorTable, isolate

@@ -38,12 +38,8 @@ from headwater.destinations.batches import (
     staged_paths,
 )
 from headwater.destinations.duckdb.dialect import DuckDBDialect
-from headwater.destinations.sql import (
-    LEDGER,
-    Session,
-    SqlDestination,
-    TableChanged,
-)
+from headwater.destinations.session import Session, TableChanged
+from headwater.destinations.sql import LEDGER, SqlDestination
 from headwater.errors import HeadwaterError
 from headwater.transport.apply import OFFSETS_SQL, TRUNCATES_SQL
 

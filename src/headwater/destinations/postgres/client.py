@@ -47,12 +47,8 @@ from headwater.destinations.batches import (
     with_order,
 )
 from headwater.destinations.postgres.dialect import PostgresDialect
-from headwater.destinations.sql import (
-    LEDGER,
-    Session,
-    SqlDestination,
-    TableChanged,
-)
+from headwater.destinations.session import Session, TableChanged
+from headwater.destinations.sql import LEDGER, SqlDestination
 from headwater.errors import HeadwaterError
 from headwater.transport.apply import OFFSETS_SQL, TRUNCATES_SQL
 

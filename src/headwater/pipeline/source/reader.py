@@ -30,11 +30,11 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+import headwater.pipeline.source.offsets as off
 from headwater.bus import Bus, open_bus
 from headwater.bus.errors import OffsetOutOfRange
 from headwater.bus.layout import SCHEMA_DDL
 from headwater.config.model import HeadwaterConfig
-from headwater.pipeline.source import offsets as off
 from headwater.pipeline.source.options import RANGES, Feed, SourceOptions, parse_options
 
 log = logging.getLogger(__name__)

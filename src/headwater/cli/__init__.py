@@ -1,0 +1,1 @@
+"""The ``headwater`` command line."""

@@ -1,0 +1,1 @@
+"""Outbound HTTP shared by HTTP delivery and webhooks."""

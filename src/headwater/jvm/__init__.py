@@ -1,0 +1,1 @@
+"""JVM artifacts (Maven) for Spark and the test broker."""

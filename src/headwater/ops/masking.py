@@ -1,0 +1,44 @@
+"""The configuration as the console shows it (``masked``), and connection strings as logs and
+start-up lines show them (``redact_dsn``): every secret masked.
+
+A value is a secret when its key says so (password, secret, token, key, hash, authorization,
+credentials) or when it is a header value (``headers:`` maps hold API keys); connection
+strings and URLs keep their host but lose their password."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from headwater.config.model import HeadwaterConfig
+
+MASK = "***"
+_SECRET = re.compile(
+    r"password|secret|token|(^|_)keys?($|_)|hash|authorization|credential|signing", re.I
+)
+_URL = re.compile(r"dsn|url|servers?$", re.I)
+
+
+def masked(config: HeadwaterConfig) -> dict[str, Any]:
+    return _walk(config.model_dump(mode="json"), "")
+
+
+def _walk(value: Any, key: str) -> Any:
+    if isinstance(value, dict):
+        if key == "headers":
+            return {k: MASK for k in value}
+        return {k: _walk(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_walk(v, key) for v in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if _SECRET.search(key):
+        return MASK
+    if _URL.search(key):
+        return redact_dsn(str(value))
+    return value
+
+
+def redact_dsn(dsn: str) -> str:
+    """A connection string without its password."""
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", re.sub(r"password=\S+", "password=***", dsn))

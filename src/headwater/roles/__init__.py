@@ -1,0 +1,1 @@
+"""The processes users run, assembled from the packages below."""
