@@ -16,16 +16,17 @@ flattened, named and typed (``headwater.destinations.types.ColumnType`` per colu
    fails because the table changed underneath (a column dropped or added by someone else), the
    destination refreshes its structure, patches and retries once.
 
-Executors write, the driver commits (issue 8): a Spark task calls ``stage(...)`` with its share
-of a micro-batch's rows, which puts them where the driver can take them from (Parquet files next
-to the database, an UNLOGGED staging table) and returns ``StagedPart``s, small enough to travel
-back in a commit message; the driver then calls ``commit_staged(...)``, which moves every listed
-part into its table and records the batch in the ledger in one atomic step. Staging never
-touches a target table or the ledger, and only the parts listed are committed, so a failed or
-speculative task attempt's staging is never visible: ``discard_staged`` removes what an aborted
-job staged, ``clean_staging`` what a crashed run left. Staged rows carry ``_hw_order``
-(``ORDER_COLUMN``), the rows' order in the batch: with a primary key the highest wins; it is not
-a column of the target table.
+Executors write, the driver commits, so that no event row travels through the driver (one process
+would bottleneck every batch) and a batch's rows land with its ledger row or not at all. A Spark
+task calls ``stage(...)`` with its share of a micro-batch's rows, which puts them where the driver
+can take them from (Parquet files next to the database, an UNLOGGED staging table) and returns
+``StagedPart``s, small enough to travel back in a commit message; the driver then calls
+``commit_staged(...)``, which moves every listed part into its table and records the batch in the
+ledger in one atomic step. Staging never touches a target table or the ledger, and only the parts
+listed are committed, so a failed or speculative task attempt's staging is never visible:
+``discard_staged`` removes what an aborted job staged, ``clean_staging`` what a crashed run left.
+Staged rows carry ``_hw_order`` (``ORDER_COLUMN``), the rows' order in the batch: with a primary
+key the highest wins; it is not a column of the target table.
 
 Arrow column types per ``ColumnType``: BOOL ``bool``, INT64 ``int64``, FLOAT64 ``float64``,
 TIMESTAMP ``timestamp[us, tz=UTC]``, STRING ``string``.

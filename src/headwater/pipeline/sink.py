@@ -2,15 +2,16 @@
 result into the destination; the driver gets back what they staged and what they learned, to
 commit with its ledger.
 
-Issue 8's rule is that no event row travels through the driver. Inside ``foreachBatch`` the
-writer runs the batch's source frame (the log's records, untouched, or ranges of them) through
-``mapInArrow`` with :meth:`SinkWriter.task`: each Spark task (``write``) runs the batch's
-``Program`` (``headwater.pipeline.task``: the steps as one DuckDB query per task), stages each
-table's rows in chunks (``Destination.stage``, in the task's own Python worker), appends the
-rows a step failed to the failed store, and returns the parts and a ``Summary`` as one row of
-JSON, its commit message. :func:`run` collects one message per task (Spark keeps one successful
-attempt of each) and returns them to the caller, which commits them
-(``Destination.commit_staged``); nothing staged is visible before that.
+No event row travels through the driver: it would make one process the bottleneck of every batch
+and hold a whole batch in its memory. Inside ``foreachBatch`` the writer runs the batch's source
+frame (the log's records, untouched, or ranges of them) through ``mapInArrow`` with
+:meth:`SinkWriter.task`: each Spark task (``write``) runs the batch's ``Program``
+(``headwater.pipeline.task``: the steps as one DuckDB query per task), stages each table's rows in
+chunks (``Destination.stage``, in the task's own Python worker), appends the rows a step failed to
+the failed store, and returns the parts and a ``Summary`` as one row of JSON, its commit message.
+:func:`run` collects one message per task (Spark keeps one successful attempt of each) and returns
+them to the caller, which commits them (``Destination.commit_staged``); nothing staged is visible
+before that.
 
 This is the commit protocol of PySpark's Python data source writer (``write`` in the tasks, the
 messages to the driver) without that writer's planning processes: Spark runs a data source

@@ -1,5 +1,5 @@
-"""One delivery of a message to its receiver, and what its answer means (issue 10's delivery
-rules), independent of the workers that schedule it:
+"""One delivery of a message to its receiver, and what its answer means (the delivery
+rules below), independent of the workers that schedule it:
 
 - 2xx with a body: the receiver's result (sync response), to be forwarded to the sender;
   202, or 2xx with no body: accepted, the result comes later (polled at ``status_url``).

@@ -1,4 +1,4 @@
-"""The webhook intake on the collector (issue 10):
+"""The webhook intake on the collector:
 
 - ``POST /webhooks/{source_id}`` with ``{"message_id": "...", "receiver": "name", "payload":
   {...}}`` (the message id may come in a ``webhook-id`` header instead): ``202`` with the
