@@ -68,11 +68,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import json
 import os
-import random
 import re
 import select
 import shutil
@@ -86,7 +84,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import IO, TYPE_CHECKING, Any
 
 from _common import (
     MB,
@@ -109,6 +107,17 @@ from _common import (
     sample_process,
     sample_tree,
 )
+from headwater.testing.load.grpc import GrpcConnection
+from headwater.testing.load.http1 import HttpClient, HttpLoad, post_head
+from headwater.testing.load.requests import (
+    GUID_LEN,
+    Guids,
+    Stats,
+    reply_problem,
+    request_template,
+    with_guid,
+)
+from headwater.testing.load.websocket import RequestFrames, WsClient, WsLoad, open_websockets, pace
 
 if TYPE_CHECKING:
     from headwater.testing.kafka import KafkaCluster
@@ -118,11 +127,8 @@ PATH = "/api/v1/events"
 GRPC_METHOD = "/raystack.raccoon.v1beta1.EventService/SendEvent"
 EVENTS_PER_BATCH = 100
 EVENT_BYTES = 200
-EVENT_TYPE = "click"
 IN_FLIGHT = 4  # requests a WebSocket connection may have sent and not yet seen acked
 HTTP_CONCURRENCY = 50
-GUID_LEN = 36  # req_guid is 36 characters, like a UUID
-OK_PREFIX = b"\x08\x01\x10\x01"  # SendEventResponse: status SUCCESS, code OK
 IDLE_CONNECTIONS = 10_000
 IDLE_SOURCES = ("127.0.0.2", "127.0.0.3")
 RAW_APPENDERS = 64
@@ -136,308 +142,13 @@ PY_SPY_RATE = 100
 GRPC_ROLES = {"raw": "grpc-load", "aio": "grpc-aio-load"}  # --grpc-client: the load's role
 
 
-# -- the workload: request bytes built once, a req_guid spliced in per request ---------------------
-def request_template(seed: int = 7) -> bytes:
-    """A serialized SendEventRequest of 100 events of 200 bytes whose req_guid is 36 zeros,
-    the first field: bytes 2..38 of the message."""
-    from headwater.collector.protocols import raccoon
-
-    rng = random.Random(seed)
-    request: Any = raccoon.SendEventRequest(req_guid="0" * GUID_LEN)
-    request.sent_time.GetCurrentTime()
-    for _ in range(EVENTS_PER_BATCH):
-        event = request.events.add()
-        event.event_bytes = rng.randbytes(EVENT_BYTES)
-        event.type = EVENT_TYPE
-    data: bytes = request.SerializeToString()
-    if not data.startswith(b"\x0a" + bytes((GUID_LEN,)) + b"0" * GUID_LEN):
-        raise RuntimeError("req_guid is not where it is expected in the serialized request")
-    return data
-
-
-def with_guid(template: bytes, guid: bytes) -> bytes:
-    return b"".join((template[:2], guid, template[2 + GUID_LEN :]))
-
-
-class Guids:
-    """Distinct 36-byte request ids: a per-process, per-connection prefix and a counter."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix.encode()
-        self.width = GUID_LEN - len(self.prefix)
-        self.seq = 0
-
-    def next(self) -> bytes:
-        self.seq += 1
-        return self.prefix + b"%0*d" % (self.width, self.seq)
-
-
-def _xor(data: bytes, key: bytes) -> bytes:
-    n = len(data)
-    stream = (key * (n // len(key) + 1))[:n]
-    return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(n, "big")
-
-
-def masked_frame(opcode: int, payload: bytes, mask: bytes) -> bytes:
-    """A final, masked client frame (RFC 6455)."""
-    n = len(payload)
-    if n < 126:
-        head = bytes((0x80 | opcode, 0x80 | n))
-    elif n < 1 << 16:
-        head = bytes((0x80 | opcode, 0x80 | 126)) + n.to_bytes(2, "big")
-    else:
-        head = bytes((0x80 | opcode, 0x80 | 127)) + n.to_bytes(8, "big")
-    return head + mask + _xor(payload, mask)
-
-
-class RequestFrames:
-    """Binary frames of the template request, masked once; per request only the 36 bytes of its
-    req_guid are masked and spliced in. One masking key per process (a server cannot tell)."""
-
-    def __init__(self, template: bytes, mask: bytes) -> None:
-        whole = masked_frame(2, template, mask)
-        start = len(whole) - len(template)  # the payload's offset in the frame
-        self.prefix = whole[: start + 2]
-        self.tail = whole[start + 2 + GUID_LEN :]
-        self.guid_key = int.from_bytes((mask * 11)[2 : 2 + GUID_LEN], "big")
-
-    def frame(self, guid: bytes) -> bytes:
-        masked = (int.from_bytes(guid, "big") ^ self.guid_key).to_bytes(GUID_LEN, "big")
-        return b"".join((self.prefix, masked, self.tail))
-
-
-# -- load generator side: what a run reports ------------------------------------------------------
-class Stats:
-    """Acks counted and latencies kept inside the measured window."""
-
-    def __init__(self) -> None:
-        self.window = (float("inf"), float("inf"))
-        self.latencies: list[float] = []
-        self.errors = 0
-        self.error_samples: list[str] = []
-        self.unmatched = 0
-        self.sent = 0
-
-    def ack(self, sent_at: float) -> None:
-        now = time.perf_counter()
-        if self.window[0] <= now < self.window[1]:
-            self.latencies.append(now - sent_at)
-
-    def error(self, reason: str) -> None:
-        now = time.perf_counter()
-        if self.window[0] <= now < self.window[1]:
-            self.errors += 1
-        if len(self.error_samples) < 3:
-            self.error_samples.append(reason[:200])
-
-    def result(self, cpu_s: float, window_s: float, **extra: object) -> dict[str, Any]:
-        return {
-            "acks": len(self.latencies),
-            "latencies_us": [round(x * 1e6) for x in self.latencies],
-            "errors": self.errors,
-            "error_samples": self.error_samples,
-            "unmatched": self.unmatched,
-            "cpu_s": cpu_s,
-            "window_s": window_s,
-            **extra,
-        }
-
-
-def response_problem(payload: bytes) -> tuple[bytes | None, str]:
-    """(req_guid, "") of a success response, or (req_guid or None, reason) of anything else."""
-    if payload.startswith(OK_PREFIX) and len(payload) > GUID_LEN:
-        return payload[-GUID_LEN:], ""  # data{req_guid} is the last field of the response
-    from headwater.collector.protocols import raccoon
-
-    try:
-        response: Any = raccoon.SendEventResponse.FromString(payload)
-    except Exception as e:  # not a response at all
-        return None, f"undecodable response: {e}"
-    guid = response.data.get("req_guid", "")
-    return (guid.encode() if guid else None), (
-        f"status {response.status} code {response.code}: {response.reason}"
-    )
-
-
-# -- a WebSocket client just big enough to load a server -----------------------------------------
-class WsClient(asyncio.Protocol):
-    """The handshake, pre-built request frames out, server frames parsed: binary frames are
-    SendEventResponses (matched to their request by req_guid), pings answered, close noted."""
-
-    def __init__(self, load: WsLoad, index: int, identity: str) -> None:
-        self.load = load
-        self.guids = Guids(f"{load.tag}-{index:06d}-")
-        key = base64.b64encode(os.urandom(16)).decode()
-        self.handshake = (
-            f"GET {PATH} HTTP/1.1\r\nHost: {HOST}:{load.port}\r\nUpgrade: websocket\r\n"
-            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-            f"X-User-ID: {identity}\r\nUser-Agent: headwater-bench\r\n\r\n"
-        ).encode()
-        loop = asyncio.get_running_loop()
-        self.upgraded: asyncio.Future[None] = loop.create_future()
-        self.lost: asyncio.Future[None] = loop.create_future()
-        self.transport: asyncio.Transport | None = None
-        self.pending: dict[bytes, float] = {}
-        self.close_code: int | None = None
-        self.acked: asyncio.Event | None = None  # set on each ack (idle connections use it)
-        self._buffer = bytearray()
-        self._open = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self.transport.write(self.handshake)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.upgraded.done():
-            self.upgraded.set_exception(ConnectionError(f"lost before the upgrade: {exc}"))
-        if not self.lost.done():
-            self.lost.set_result(None)
-
-    def send_request(self) -> None:
-        assert self.transport is not None
-        guid = self.guids.next()
-        self.pending[guid] = time.perf_counter()
-        self.transport.write(self.load.frames.frame(guid))
-        self.load.stats.sent += 1
-
-    def data_received(self, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        if not self._open:
-            end = buffer.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            status = bytes(buffer[: buffer.find(b"\r\n")])
-            if not status.startswith(b"HTTP/1.1 101"):
-                self.upgraded.set_exception(ConnectionError(status.decode(errors="replace")))
-                assert self.transport is not None
-                self.transport.close()
-                return
-            del buffer[: end + 4]
-            self._open = True
-            self.upgraded.set_result(None)
-        pos, n = 0, len(buffer)
-        while n - pos >= 2:
-            length, head = buffer[pos + 1] & 0x7F, 2
-            if length == 126:
-                if n - pos < 4:
-                    break
-                length, head = int.from_bytes(buffer[pos + 2 : pos + 4], "big"), 4
-            elif length == 127:
-                if n - pos < 10:
-                    break
-                length, head = int.from_bytes(buffer[pos + 2 : pos + 10], "big"), 10
-            end = pos + head + length
-            if end > n:
-                break
-            opcode = buffer[pos] & 0x0F
-            payload = bytes(buffer[pos + head : end])
-            pos = end
-            if opcode == 2:
-                self._response(payload)
-            elif opcode == 9:  # ping: answer with a pong carrying the same data
-                assert self.transport is not None
-                self.transport.write(masked_frame(0xA, payload, self.load.mask))
-            elif opcode == 8:
-                self.close_code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else 1005
-                self.close()
-        if pos:
-            del buffer[:pos]
-
-    def _response(self, payload: bytes) -> None:
-        stats = self.load.stats
-        guid, problem = response_problem(payload)
-        sent_at = self.pending.pop(guid, None) if guid is not None else None
-        if sent_at is None:
-            stats.unmatched += 1
-            if not problem:
-                problem = "an ack for a request this connection did not send"
-        if problem:
-            stats.error(problem)
-        elif sent_at is not None:
-            stats.ack(sent_at)
-        if self.acked is not None:
-            self.acked.set()
-        if self.load.closed_loop and self.load.sending and len(self.pending) < IN_FLIGHT:
-            self.send_request()
-
-    def close(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(masked_frame(8, (1000).to_bytes(2, "big"), self.load.mask))
-            self.transport.close()
-
-
-@dataclass
-class WsLoad:
-    """What the connections of one generator process share."""
-
-    port: int
-    tag: str
-    frames: RequestFrames
-    mask: bytes
-    stats: Stats = field(default_factory=Stats)
-    closed_loop: bool = True
-    sending: bool = False
-
-
-async def open_websockets(
-    load: WsLoad, count: int, source: str | None, deadline_s: float, parallel: int = 200
-) -> tuple[list[WsClient], list[str]]:
-    """Open ``count`` upgraded connections, ``parallel`` handshakes at a time, each with its own
-    identity; from ``source`` (a 127.0.0.x address) when given."""
-    loop = asyncio.get_running_loop()
-    gate = asyncio.Semaphore(parallel)
-    opened: list[WsClient] = []
-    errors: list[str] = []
-    local = (source, 0) if source else None
-
-    async def one(i: int) -> None:
-        async with gate:
-            try:
-                _, client = await loop.create_connection(
-                    lambda: WsClient(load, i, f"bench-{load.tag}-{i}"),
-                    HOST,
-                    load.port,
-                    local_addr=local,
-                )
-                await asyncio.wait_for(client.upgraded, 30)
-                opened.append(client)
-            except (TimeoutError, OSError, ConnectionError) as e:
-                errors.append(f"{type(e).__name__}: {e}")
-
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(count))), deadline_s)
-    return opened, errors
-
-
-async def pace(load: WsLoad, clients: Sequence[WsClient], requests_per_s: float) -> None:
-    """Send ``requests_per_s`` round-robin over the connections, skipping full ones; when every
-    connection is full the collector is behind, and the debt is dropped (counted)."""
-    start, sent, i, n = time.perf_counter(), 0, 0, len(clients)
-    while load.sending:
-        due = int((time.perf_counter() - start) * requests_per_s) - sent
-        full = 0
-        while due > 0 and full < n:
-            client = clients[i % n]
-            i += 1
-            if len(client.pending) < IN_FLIGHT and not client.lost.done():
-                client.send_request()
-                sent, due, full = sent + 1, due - 1, 0
-            else:
-                full += 1
-        if full >= n:
-            start, sent = time.perf_counter(), 0
-        await asyncio.sleep(0.001)
-
-
+# -- the load generators (clients: headwater.testing.load) ------------------------------------
 async def role_ws_load(args: argparse.Namespace) -> None:
-    mask = os.urandom(4)
-    load = WsLoad(args.port, f"w{args.index}", RequestFrames(request_template(), mask), mask)
+    frames = RequestFrames(request_template(), os.urandom(4))
+    load = WsLoad(HOST, args.port, f"w{args.index}", frames, IN_FLIGHT)
     clients, errors = await open_websockets(load, args.connections, args.source, 60)
     emit_line({"ready": len(clients), "errors": errors[:3], "error_count": len(errors)})
     await read_stdin_line()  # "go"
-    go = time.perf_counter()
-    load.stats.window = (go + args.warmup, go + args.warmup + args.duration)
     load.sending = True
     load.closed_loop = args.rate <= 0
     pacer = None
@@ -447,10 +158,7 @@ async def role_ws_load(args: argparse.Namespace) -> None:
                 client.send_request()
     else:
         pacer = asyncio.create_task(pace(load, clients, args.rate / EVENTS_PER_BATCH))
-    await asyncio.sleep(args.warmup)
-    cpu0 = time.process_time()
-    await asyncio.sleep(args.duration)
-    cpu_s = time.process_time() - cpu0
+    cpu_s = await load.stats.measure(args.warmup, args.duration)
     sent_in_window = load.stats.sent
     load.sending = False
     if pacer is not None:
@@ -470,9 +178,8 @@ async def role_ws_load(args: argparse.Namespace) -> None:
 
 async def role_ws_idle(args: argparse.Namespace) -> None:
     """Hold connections open and idle (after one acked batch each) until told to stop."""
-    mask = os.urandom(4)
-    load = WsLoad(args.port, f"i{args.index}", RequestFrames(request_template(), mask), mask)
-    load.closed_loop = False
+    frames = RequestFrames(request_template(), os.urandom(4))
+    load = WsLoad(HOST, args.port, f"i{args.index}", frames, IN_FLIGHT, closed_loop=False)
     clients, errors = await open_websockets(load, args.connections, args.source, args.max_seconds)
     gate = asyncio.Semaphore(16)  # a few batches at a time: per-connection retention, not a peak
 
@@ -503,86 +210,9 @@ async def role_ws_idle(args: argparse.Namespace) -> None:
     emit_line({"done": True})
 
 
-# -- REST: a keep-alive HTTP/1.1 client ----------------------------------------------------------
-class HttpClient(asyncio.Protocol):
-    """One keep-alive connection with one POST in flight at a time."""
-
-    def __init__(self, load: HttpLoad, index: int) -> None:
-        self.load = load
-        self.guids = Guids(f"{load.tag}-{index:06d}-")
-        self.transport: asyncio.Transport | None = None
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._buffer = bytearray()
-        self._status = 0
-        self._length: int | None = None
-        self._guid = b""
-        self._sent_at = 0.0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.lost.done():
-            self.lost.set_result(None)
-
-    def send_request(self) -> None:
-        assert self.transport is not None
-        self._guid = self.guids.next()
-        self._sent_at = time.perf_counter()
-        self.transport.write(self.load.head + with_guid(self.load.template, self._guid))
-        self.load.stats.sent += 1
-
-    def data_received(self, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        while True:
-            if self._length is None:
-                end = buffer.find(b"\r\n\r\n")
-                if end < 0:
-                    return
-                head = bytes(buffer[:end])
-                del buffer[: end + 4]
-                self._status = int(head[9:12])
-                found = re.search(rb"\r\ncontent-length:\s*(\d+)", head, re.IGNORECASE)
-                self._length = int(found.group(1)) if found else 0
-            if len(buffer) < self._length:
-                return
-            body = bytes(buffer[: self._length])
-            del buffer[: self._length]
-            self._length = None
-            self._response(body)
-
-    def _response(self, body: bytes) -> None:
-        stats = self.load.stats
-        guid, problem = response_problem(body)
-        if self._status != 200 and not problem:
-            problem = f"HTTP {self._status}"
-        if not problem and guid != self._guid:
-            stats.unmatched += 1
-            problem = "the response names another request"
-        if problem:
-            stats.error(f"HTTP {self._status}: {problem}")
-        else:
-            stats.ack(self._sent_at)
-        if self.load.sending:
-            self.send_request()
-
-
-@dataclass
-class HttpLoad:
-    tag: str
-    head: bytes
-    template: bytes
-    stats: Stats = field(default_factory=Stats)
-    sending: bool = False
-
-
 async def role_rest_load(args: argparse.Namespace) -> None:
     template = request_template()
-    head = (
-        f"POST {PATH} HTTP/1.1\r\nHost: {HOST}:{args.port}\r\nContent-Type: application/proto\r\n"
-        f"Content-Length: {len(template)}\r\nUser-Agent: headwater-bench\r\n\r\n"
-    ).encode()
+    head = post_head(HOST, args.port, PATH, "application/proto", len(template))
     load = HttpLoad(f"r{args.index}", head, template)
     loop = asyncio.get_running_loop()
     clients: list[HttpClient] = []
@@ -591,15 +221,10 @@ async def role_rest_load(args: argparse.Namespace) -> None:
         clients.append(client)
     emit_line({"ready": len(clients), "errors": [], "error_count": 0})
     await read_stdin_line()
-    go = time.perf_counter()
-    load.stats.window = (go + args.warmup, go + args.warmup + args.duration)
     load.sending = True
     for client in clients:
         client.send_request()
-    await asyncio.sleep(args.warmup)
-    cpu0 = time.process_time()
-    await asyncio.sleep(args.duration)
-    cpu_s = time.process_time() - cpu0
+    cpu_s = await load.stats.measure(args.warmup, args.duration)
     load.sending = False
     await asyncio.sleep(0.5)
     lost = sum(1 for c in clients if c.lost.done())
@@ -612,8 +237,6 @@ async def role_rest_load(args: argparse.Namespace) -> None:
 async def role_grpc_load(args: argparse.Namespace) -> None:
     """The gRPC load: ``--connections`` concurrent unary calls on one HTTP/2 connection (as one
     channel of a gRPC client carries them), each starting the next when it is answered."""
-    from _h2grpc import GrpcConnection
-
     template = request_template()
     stats = Stats()
     sending = False
@@ -626,15 +249,7 @@ async def role_grpc_load(args: argparse.Namespace) -> None:
 
     def on_reply(token: tuple[Guids, bytes, float], reply: bytes | None, problem: str) -> None:
         slot, guid, sent_at = token
-        if reply is not None:
-            got, problem = response_problem(reply)
-            if not problem and got != guid:
-                stats.unmatched += 1
-                problem = "the response names another request"
-        if problem:
-            stats.error(f"gRPC: {problem}")
-        else:
-            stats.ack(sent_at)
+        stats.answered(problem or reply_problem(reply or b"", guid), sent_at, "gRPC: ")
         if sending and not conn.lost.done():
             start(slot)
 
@@ -645,15 +260,10 @@ async def role_grpc_load(args: argparse.Namespace) -> None:
     await asyncio.wait_for(conn.ready, 30)
     emit_line({"ready": args.connections, "errors": [], "error_count": 0})
     await read_stdin_line()
-    go = time.perf_counter()
-    stats.window = (go + args.warmup, go + args.warmup + args.duration)
     sending = True
     for i in range(args.connections):
         start(Guids(f"g{args.index}-{i:06d}-"))
-    await asyncio.sleep(args.warmup)
-    cpu0 = time.process_time()
-    await asyncio.sleep(args.duration)
-    cpu_s = time.process_time() - cpu0
+    cpu_s = await stats.measure(args.warmup, args.duration)
     sending = False
     await asyncio.sleep(0.5)
     lost = int(conn.lost.done())
@@ -687,24 +297,12 @@ async def role_grpc_aio_load(args: argparse.Namespace) -> None:
                 except grpc.aio.AioRpcError as e:
                     stats.error(f"gRPC {e.code().name}: {e.details()}")
                     continue
-                got, problem = response_problem(reply)
-                if not problem and got != guid:
-                    stats.unmatched += 1
-                    problem = "the response names another request"
-                if problem:
-                    stats.error(problem)
-                else:
-                    stats.ack(sent_at)
+                stats.answered(reply_problem(reply, guid), sent_at)
 
         emit_line({"ready": args.connections, "errors": [], "error_count": 0})
         await read_stdin_line()
-        go = time.perf_counter()
-        stats.window = (go + args.warmup, go + args.warmup + args.duration)
         callers = [asyncio.create_task(caller(i)) for i in range(args.connections)]
-        await asyncio.sleep(args.warmup)
-        cpu0 = time.process_time()
-        await asyncio.sleep(args.duration)
-        cpu_s = time.process_time() - cpu0
+        cpu_s = await stats.measure(args.warmup, args.duration)
         sending = False
         await asyncio.wait(callers, timeout=10)
     emit_line(stats.result(cpu_s, args.duration))

@@ -144,8 +144,10 @@ def encode_frame(
     rsv: int = 0,
     mask: bool = True,
     length: int | None = None,
+    key: bytes | None = None,
 ) -> bytes:
-    """A WebSocket frame as a client sends it; ``length`` overrides the declared length."""
+    """A WebSocket frame as a client sends it; ``length`` overrides the declared length, ``key``
+    is the masking key (default: a random one)."""
     first = (0x80 if fin else 0) | (rsv & 0x7) << 4 | (opcode & 0xF)
     n = len(payload) if length is None else length
     bit = 0x80 if mask else 0
@@ -157,11 +159,11 @@ def encode_frame(
         head = struct.pack("!BBQ", first, bit | 127, n)
     if not mask:
         return head + payload
-    key = os.urandom(4)
-    return head + key + _apply_mask(payload, key)
+    key = key or os.urandom(4)
+    return head + key + apply_mask(payload, key)
 
 
-def _apply_mask(payload: bytes, key: bytes) -> bytes:
+def apply_mask(payload: bytes, key: bytes) -> bytes:
     if not payload:
         return b""
     repeated = (key * (len(payload) // 4 + 1))[: len(payload)]
@@ -242,7 +244,7 @@ class RawWebSocket:
         except (asyncio.IncompleteReadError, ConnectionError):
             return None
         if key:
-            payload = _apply_mask(payload, key)
+            payload = apply_mask(payload, key)
         return Frame(bool(b0 & 0x80), b0 & 0x0F, payload)
 
     async def close(self) -> None:

@@ -1,6 +1,7 @@
-"""A gRPC client over one HTTP/2 connection, just big enough to load a server with unary calls.
+"""A gRPC load client over one HTTP/2 connection, just big enough to load a server with unary
+calls.
 
-The WebSocket and REST load generators send pre-built request bytes over bare transports, so the
+The WebSocket and REST load clients send pre-built request bytes over bare transports, so the
 load they put on the shared two cores is small; this is the same for gRPC. A call is one HEADERS
 frame whose header block is built once (HPACK literals without indexing, so it does not depend on
 any table state) and the message in DATA frames; only the stream id changes. The server's header
@@ -56,6 +57,7 @@ from headwater.collector.http2 import (
     u32,
     window_update,
 )
+from headwater.testing.load.requests import USER_AGENT
 
 OWN_WINDOW = 1 << 30  # the client's receive windows: never in the way
 
@@ -70,7 +72,7 @@ def request_block(authority: str, path: str) -> bytes:
         (b":authority", authority.encode()),
         (b"content-type", b"application/grpc"),
         (b"te", b"trailers"),
-        (b"user-agent", b"headwater-bench"),
+        (b"user-agent", USER_AGENT.encode()),
     )
     return b"".join(literal(n, v) for n, v in headers)
 
