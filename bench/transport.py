@@ -7,7 +7,6 @@ Run from the repository root::
     .venv/bin/python bench/transport.py --quick           # 20,000 changes, a smoke run
     .venv/bin/python bench/transport.py --format json     # the figures as JSON on stdout
     .venv/bin/python bench/transport.py --profile         # and py-spy on one more reader run
-    .venv/bin/python bench/transport.py --no-mirror       # the reader alone: no Spark, no DuckDB
     .venv/bin/python bench/transport.py --dsn postgresql://user@host/db   # a server of yours
 
 The server: by default a throwaway PostgreSQL 15 cluster on loopback
@@ -48,21 +47,9 @@ CPU use; the reader process's and ``pg_recvlogical``'s peak RSS (VmHWM). ``--pro
 runs the reader once more over the insert backlog (from a third slot) under py-spy and prints
 where its thread spends its time; that run is not a measured one.
 
-3. the DuckDB mirror: once both scenarios' logs are written (the readers no longer run),
-   a pipeline destination with ``apply: upsert`` (``mode: batch``, the default
-   ``max_records_per_trigger``) applies each scenario's log to one DuckDB file, the insert
-   scenario's first: the mix's changes land on the table its inserts built (a destination a
-   scenario, as each log starts at offset 0). Spark (``local[2]``) runs in this process, is
-   started and warmed by a run over the first records of the insert log into a DuckDB file of
-   its own beforehand: neither its start nor that run is in a figure. Changes/s = changes /
-   ``Pipeline.run_once`` (Trigger.AvailableNow: start of the query to its end). End to end =
-   changes / (reader seconds + mirror seconds), against ``pg_recvlogical``: the two run one
-   after the other here, never overlapped. The mirror is then checked against the source table
-   as it stood after the scenario: rows, sum of the key and sum of ``amount`` (updated by the
-   mix) equal on both sides. Also: where each micro-batch's seconds go (timers put around the
-   writer's steps in this process: Spark's jobs, the table's DDL, each apply statement, the
-   commit), the CPU of the process tree (this process, Spark's JVM, its Python workers) and
-   its peak RSS, summed over the tree, during the mirror's runs. ``--no-mirror`` leaves it out.
+``--no-mirror`` is accepted and changes nothing: the DuckDB mirror the benchmark also ran
+measured no target and was removed (its last figures are in docs/benchmarks.md, the code in git
+history).
 
 Target (issue 12): >= 20,000 changes/s onto the log, and the ratio to ``pg_recvlogical``
 written down. This is not a test: it always exits 0 unless it fails.
@@ -82,19 +69,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
-    CLOCK_TICKS,
     MB,
     ProcessSample,
-    TreeRss,
     bench_directory,
     emit_json,
     find_py_spy,
@@ -106,7 +90,6 @@ from _common import (
     progress,
     sample_process,
 )
-from headwater.testing.proc_tree import tree_pids
 from headwater.transport.postgres.reader import lsn_text
 
 TABLE = "bench_transport_rows"
@@ -116,9 +99,6 @@ TARGET_PER_S = 20_000
 POLL_S = 0.01  # how often a condition is polled (a slot's LSN, a child's exit)
 PY_SPY_RATE = 250  # py-spy samples a second
 UPDATE_SHARE = 7  # of every 10 rows of the mix, 7 are updated and 3 deleted
-SPARK_MASTER = "local[2]"  # the mirror's Spark, as a headwater process's default
-WARMUP_RECORDS = 500  # records a partition of the insert log copied for Spark's warm-up run
-
 CREATE_TABLE = f"""
 create table {TABLE} (
     id bigint primary key,
@@ -148,10 +128,9 @@ UPDATE_ROWS = (
     f"where id between %s and %s and id %% 10 < {UPDATE_SHARE}"
 )
 DELETE_ROWS = f"delete from {TABLE} where id between %s and %s and id %% 10 >= {UPDATE_SHARE}"
+
+
 # the same on the source and the mirror: the rows, the keys, and the column the mix updates
-CHECKSUM = f"select count(*), coalesce(sum(id), 0), coalesce(sum(amount), 0) from {TABLE}"
-
-
 # -- the source database ----------------------------------------------------------------------
 class Source:
     """The benchmark's table, publication and slots on the server, and its workloads."""
@@ -242,9 +221,6 @@ class Source:
             f"select avg(octet_length(t::text)), avg(pg_column_size(t.*)) from {TABLE} t"
         ).fetchone()
         return float(row[0] or 0), float(row[1] or 0)
-
-    def checksum(self) -> Checksum:
-        return Checksum.of(self.conn.execute(CHECKSUM).fetchone())
 
     def settings(self) -> dict[str, str]:
         names = ("server_version", "fsync", "synchronous_commit", "full_page_writes")
@@ -438,9 +414,6 @@ class Scenario:
     workload_s: float
     runs: list[Run] = field(default_factory=list)
     profile: list[dict[str, Any]] = field(default_factory=list)
-    log: Path | None = None  # the reader's log, kept for the mirror
-    source: Checksum | None = None  # the source table after the scenario
-    mirror: dict[str, Any] | None = None
 
 
 class WalsenderCpu:
@@ -524,10 +497,9 @@ def run_reader(
     directory: Path,
     timeout: float,
     py_spy: str | None = None,
-    log: Path | None = None,
 ) -> tuple[Run, str]:
-    """headwater's PostgresReader in a child process from ``slot`` onto an embedded log (at
-    ``log``, kept; else a temporary one) until the slot confirms the last commit; (the run,
+    """headwater's PostgresReader in a child process from ``slot`` onto a temporary embedded log
+    until the slot confirms the last commit; (the run,
     py-spy's raw samples or "")."""
     work = bench_directory(directory, f"reader-{scenario.name}-")
     spec = {
@@ -540,7 +512,7 @@ def run_reader(
             "publication": PUBLICATION,
             "snapshot": "never",
         },
-        "log": str(log or work / "log"),
+        "log": str(work / "log"),
         "state": str(work / "state"),
     }
     spec_path = work / "spec.json"
@@ -623,381 +595,9 @@ def finish_py_spy(spy: subprocess.Popen[bytes], out: Path) -> str:
     return out.read_text() if out.exists() else ""
 
 
-# -- the DuckDB mirror ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Checksum:
-    """A table's rows, the sum of its key and the sum of ``amount`` (which the mix updates):
-    equal on both sides when the mirror holds the source's inserts, updates and deletes."""
-
-    rows: int
-    key_sum: int
-    amount_sum: Decimal
-
-    @classmethod
-    def of(cls, row: Sequence[Any] | None) -> Checksum:
-        rows, keys, amount = row or (0, 0, 0)
-        return cls(int(rows), int(keys), Decimal(amount))
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "key_sum": self.key_sum, "amount_sum": str(self.amount_sum)}
-
-
-def mirror_config(data_dir: Path, log: Path, dest_id: str, duckdb: Path) -> Any:
-    """A pipeline with one DuckDB mirror destination reading ``log``."""
-    from headwater.config.model import HeadwaterConfig
-
-    destination = {"id": dest_id, "type": "duckdb", "path": str(duckdb)}
-    destination |= {"apply": "upsert", "mode": "batch"}
-    return HeadwaterConfig.model_validate(
-        {
-            "data_dir": str(data_dir),
-            "bus": {"embedded": {"path": str(log)}},
-            "pipeline": {"spark": {"master": SPARK_MASTER}, "destinations": [destination]},
-        }
-    )
-
-
-def mirror_checksum(duckdb_path: Path) -> Checksum:
-    import duckdb
-
-    with duckdb.connect(str(duckdb_path), read_only=True) as con:
-        return Checksum.of(con.execute(CHECKSUM).fetchone())
-
-
-def copy_head(log: Path, into: Path, n: int) -> int:
-    """The first ``n`` records of each partition of ``log`` appended to a new log at ``into``
-    (schema messages first, as the reader wrote them); how many."""
-    from headwater.bus.embedded.backend import EmbeddedBus
-    from headwater.bus.records import Message
-
-    copied = 0
-    source, target = EmbeddedBus(log, read_only=True), EmbeddedBus(into)
-    try:
-        for info in source.topics():
-            target.create_topic(info.name, info.partitions)
-            for p in range(info.partitions):
-                records = source.read(info.name, p, 0, max_records=n)
-                messages = [
-                    Message(r.value, r.key, r.headers, r.timestamp, partition=p) for r in records
-                ]
-                if messages:
-                    target.append(info.name, messages).result(60)
-                copied += len(messages)
-    finally:
-        source.close()
-        target.close()
-    return copied
-
-
-def tree_cpu(root: int, exclude: Collection[int]) -> dict[int, float]:
-    """CPU seconds of each process of the tree (its own and its reaped children's)."""
-    out = {}
-    for pid in tree_pids(root, exclude):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[pid] = sum(int(x) for x in fields[11:15]) / CLOCK_TICKS
-    return out
-
-
-def _statement(sql: str) -> str:
-    """Which step of an apply a statement is (``headwater.transport.apply``)."""
-    if "read_parquet" in sql:
-        return "load"
-    if "ON CONFLICT" in sql:
-        return "upsert"
-    if sql.startswith("DELETE FROM") and "EXISTS" in sql:
-        return "delete"
-    if "'truncate'" in sql:
-        return "truncate check"
-    return "other"  # the ledger, the staged table's drop
-
-
-class MirrorProbe:
-    """Where each micro-batch of the mirror spends its seconds: timers put around the writer's
-    steps (in this process, while the probe is entered). Per batch: ``seconds`` (the writer's
-    call), ``writer_s`` (its own figure, as its log line), ``spark`` (Spark's jobs: the batch's
-    ranges, then the tasks that read the log and stage the changes as Parquet; each apart in
-    ``spark_jobs``), ``ddl`` (the table made or widened), ``apply`` (the transaction), and
-    within it ``load`` (the staged Parquet into a temporary table), ``truncate check``,
-    ``delete``, ``upsert``, ``commit`` and ``other`` (the ledger, the staged files removed);
-    outside it ``ledger check`` (the batch done before?) and ``schemas file`` (saved). And
-    across them, ``connects`` and ``connect``: the DuckDB file opened (once per call of the
-    destination: it lets the file go after each) and the seconds that took."""
-
-    STEPS = ("spark", "ddl", "load", "truncate check", "delete", "upsert", "commit", "other")
-
-    def __init__(self) -> None:
-        self.batches: list[dict[str, Any]] = []
-        self.query_start_s = 0.0  # Pipeline._start: the source's frame, the query started
-        self.untimed: list[str] = []  # methods to time that are not there
-        self._batch: dict[str, Any] | None = None
-        self._in_apply = False
-        self._undo: list[Callable[[], None]] = []
-
-    def _add(self, step: str, seconds: float) -> None:
-        if self._batch is not None:
-            self._batch[step] = self._batch.get(step, 0.0) + seconds
-
-    def _patch(self, cls: type, name: str, wrap: Callable[[Any], Any]) -> None:
-        if not hasattr(cls, name):  # renamed in src/: that step goes untimed, said in the JSON
-            self.untimed.append(f"{cls.__name__}.{name}")
-            return
-        own = name in cls.__dict__
-        original = getattr(cls, name)
-        setattr(cls, name, wrap(original))
-
-        def undo() -> None:
-            if own:
-                setattr(cls, name, original)
-            else:
-                delattr(cls, name)
-
-        self._undo.append(undo)
-
-    def _timed(self, step: str, apply_only: bool = False) -> Callable[[Any], Any]:
-        def wrap(original: Any) -> Any:
-            def timed(*args: Any, **kwargs: Any) -> Any:
-                if apply_only and not self._in_apply:
-                    return original(*args, **kwargs)
-                started = time.perf_counter()
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    self._add(step, time.perf_counter() - started)
-
-            return timed
-
-        return wrap
-
-    def __enter__(self) -> MirrorProbe:
-        try:  # PySpark 4: the DataFrame of a classic (not Connect) session
-            from pyspark.sql.classic.dataframe import DataFrame
-        except ImportError:
-            from pyspark.sql import DataFrame  # type: ignore[assignment]
-
-        from headwater.destinations.duckdb.client import DuckDBDestination, DuckDBSession
-        from headwater.destinations.sql import SqlDestination
-        from headwater.pipeline.runner import Pipeline
-        from headwater.transport.mirror import MirrorWriter, Schemas
-
-        probe = self
-
-        def batch(original: Any) -> Any:
-            def call(writer: MirrorWriter, df: Any, batch_id: int) -> None:
-                probe._batch = {"batch": batch_id}
-                started = time.perf_counter()
-                try:
-                    original(writer, df, batch_id)
-                finally:
-                    done = probe._batch
-                    probe._batch = None
-                    done["seconds"] = time.perf_counter() - started
-                    done["at"] = started  # perf_counter: made relative by the caller
-                    last = writer.last
-                    if last is not None and last.batch_id == batch_id:
-                        done |= {"changes": last.changes, "writer_s": last.seconds}
-                    probe.batches.append(done)
-
-            return call
-
-        def apply(original: Any) -> Any:
-            def call(*args: Any, **kwargs: Any) -> Any:
-                probe._in_apply = True
-                started = time.perf_counter()
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    probe._in_apply = False
-                    probe._add("apply", time.perf_counter() - started)
-
-            return call
-
-        def execute(original: Any) -> Any:
-            def call(session: Any, sql: str, params: tuple[Any, ...] = ()) -> Any:
-                if not probe._in_apply:
-                    return original(session, sql, params)
-                started = time.perf_counter()
-                try:
-                    return original(session, sql, params)
-                finally:
-                    probe._add(_statement(sql), time.perf_counter() - started)
-
-            return call
-
-        def connect(original: Any) -> Any:
-            def call(*args: Any, **kwargs: Any) -> Any:
-                started = time.perf_counter()
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    probe._add("connect", time.perf_counter() - started)
-                    probe._add("connects", 1)
-
-            return call
-
-        def start(original: Any) -> Any:
-            def call(*args: Any, **kwargs: Any) -> Any:
-                started = time.perf_counter()
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    probe.query_start_s += time.perf_counter() - started
-
-            return call
-
-        self._patch(Pipeline, "_start", start)
-        self._patch(MirrorWriter, "__call__", batch)
-
-        def collect(original: Any) -> Any:
-            def call(*args: Any, **kwargs: Any) -> Any:
-                started = time.perf_counter()
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    seconds = time.perf_counter() - started
-                    probe._add("spark", seconds)
-                    if probe._batch is not None:
-                        probe._batch.setdefault("spark_jobs", []).append(seconds)
-
-            return call
-
-        self._patch(DataFrame, "collect", collect)
-        self._patch(SqlDestination, "ensure_mirror", self._timed("ddl"))
-        self._patch(SqlDestination, "committed", self._timed("ledger check"))
-        self._patch(Schemas, "save", self._timed("schemas file"))
-        self._patch(DuckDBDestination, "_connect", connect)
-        self._patch(SqlDestination, "apply_changes", apply)
-        self._patch(DuckDBSession, "execute", execute)
-        self._patch(DuckDBSession, "commit", self._timed("commit", apply_only=True))
-        self._patch(DuckDBDestination, "discard_staged", self._timed("other", apply_only=True))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        while self._undo:
-            self._undo.pop()()
-
-
-def start_spark() -> Any:
-    from headwater.pipeline.config import SparkConfig
-    from headwater.pipeline.spark import spark_session
-
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return spark_session(SparkConfig(master=SPARK_MASTER), app_name="headwater-bench-transport")
-
-
-@contextlib.contextmanager
-def pipeline_of(spark: Any, config: Any) -> Iterator[Any]:
-    """The config's pipeline; its writers closed after."""
-    from headwater.pipeline.runner import Pipeline
-
-    pipeline = Pipeline(config, spark)
-    try:
-        yield pipeline
-    finally:
-        for q in pipeline.queries:
-            q.writer.close()
-
-
-def warm_up_spark(spark: Any, log: Path, directory: Path) -> dict[str, Any]:
-    """A mirror run over the first records of ``log`` (copied to a log of its own) into a
-    DuckDB file of its own: Spark's code compiled, its Python workers started."""
-    started = time.perf_counter()
-    copied = copy_head(log, directory / "log", WARMUP_RECORDS)
-    config = mirror_config(directory, directory / "log", "warmup", directory / "warmup.duckdb")
-    with pipeline_of(spark, config) as pipeline:
-        pipeline.run_once()
-    return {"records": copied, "seconds": time.perf_counter() - started}
-
-
-def run_mirror(
-    spark: Any,
-    scenario: Scenario,
-    directory: Path,
-    duckdb_path: Path,
-    exclude: Collection[int],
-) -> dict[str, Any]:
-    """The scenario's log applied to the mirror in ``duckdb_path`` (which holds what the
-    scenarios before it applied); the figures, checked against the source's checksum."""
-    assert scenario.log is not None and scenario.source is not None
-    config = mirror_config(directory, scenario.log, f"mirror-{scenario.name}", duckdb_path)
-    root = os.getpid()
-    before, cpu_before = sample_process(root), tree_cpu(root, exclude)
-    with (
-        pipeline_of(spark, config) as pipeline,
-        TreeRss(exclude=exclude) as rss,
-        MirrorProbe() as probe,
-    ):
-        started = time.perf_counter()
-        pipeline.run_once()
-        seconds = time.perf_counter() - started
-    writer = pipeline.queries[0].writer
-    after, cpu_after = sample_process(root), tree_cpu(root, exclude)
-    mirror = mirror_checksum(duckdb_path)
-    reader = next(r for r in scenario.runs if r.reader_thread_cpu_s is not None)
-    reference = next(r for r in scenario.runs if r.reader_thread_cpu_s is None)
-    end_to_end_s = reader.seconds + seconds
-    end_to_end = scenario.changes / end_to_end_s
-    in_batches = sum(b["seconds"] for b in probe.batches)
-    for b in probe.batches:
-        b["at"] -= started  # seconds into run_once
-    first, last = probe.batches[:1], probe.batches[-1:]
-    return {
-        "changes": scenario.changes,
-        "seconds": seconds,
-        "changes_per_s": scenario.changes / seconds,
-        "batches": probe.batches,
-        "outside_batches_s": seconds - in_batches,
-        "before_first_batch_s": first[0]["at"] if first else seconds,
-        "query_start_s": probe.query_start_s,
-        "untimed": probe.untimed,
-        "after_last_batch_s": seconds - last[0]["at"] - last[0]["seconds"] if last else 0.0,
-        "applied": writer.written,
-        "failed": writer.failed_events,
-        "tree_cpu_s": sum(cpu - cpu_before.get(pid, 0.0) for pid, cpu in cpu_after.items()),
-        "machine_busy": machine_busy_between(before, after),
-        "peak_rss_bytes": rss.peak,
-        "peak_pss_bytes": rss.peak_pss,
-        "rss_at_peak": [[name, size] for name, size in rss.at_peak],
-        "source": scenario.source.as_dict(),
-        "mirror": mirror.as_dict(),
-        "equal": mirror == scenario.source and writer.written == scenario.changes,
-        "end_to_end_s": end_to_end_s,
-        "end_to_end_per_s": end_to_end,
-        "end_to_end_ratio": end_to_end / reference.per_s if reference.per_s else None,
-    }
-
-
-def mirror_scenarios(
-    scenarios: Sequence[Scenario], directory: Path, exclude: Collection[int]
-) -> dict[str, Any]:
-    """Start and warm Spark, then apply each scenario's log in order to one DuckDB mirror."""
-    progress(f"mirror: starting Spark ({SPARK_MASTER})")
-    started = time.perf_counter()
-    spark = start_spark()
-    spark_s = time.perf_counter() - started
-    try:
-        assert scenarios and scenarios[0].log is not None
-        progress(f"mirror: warming Spark up over the first {WARMUP_RECORDS} records a partition")
-        warm = warm_up_spark(spark, scenarios[0].log, directory / "mirror-warmup")
-        duckdb_path = directory / "mirror" / "mirror.duckdb"
-        for s in scenarios:
-            progress(f"{s.name}: the DuckDB mirror over {s.changes:,} changes")
-            s.mirror = run_mirror(spark, s, directory / "mirror", duckdb_path, exclude)
-            if not s.mirror["equal"]:
-                progress(f"{s.name}: the mirror differs from the source: {s.mirror}")
-    finally:
-        spark.stop()
-    return {"master": SPARK_MASTER, "start_s": spark_s, "warmup": warm}
-
-
 # -- a whole run ------------------------------------------------------------------------------
-def measure(
-    args: argparse.Namespace, dsn: str, directory: Path, exclude: Collection[int] = ()
-) -> dict[str, Any]:
-    """Both scenarios, then (unless ``--no-mirror``) the DuckDB mirror over their logs;
-    ``exclude``: processes left out of the mirror's process tree (the server)."""
+def measure(args: argparse.Namespace, dsn: str, directory: Path) -> dict[str, Any]:
+    """Both scenarios: each one's changes, then its consumers over them."""
     n, txn_rows = args.changes, args.txn_rows
     timeout = 120 + n / 1000  # at worst 1,000 changes/s, and the start
     py_spy = find_py_spy() if args.profile else None
@@ -1006,7 +606,6 @@ def measure(
     source = Source(dsn)
     scenarios: list[Scenario] = []
     row_text = row_stored = 0.0
-    spark: dict[str, Any] | None = None
     try:
         source.prepare()
         settings = source.settings()
@@ -1039,11 +638,7 @@ def measure(
                 reference = run_reference(source, scenario, timeout)
                 scenario.runs.append(reference)
                 progress(f"{name}: headwater's reader over {changes:,} changes")
-                if not args.no_mirror:
-                    scenario.log = directory / f"log-{name}"
-                run, _ = run_reader(
-                    source, scenario, slots["headwater"], directory, timeout, log=scenario.log
-                )
+                run, _ = run_reader(source, scenario, slots["headwater"], directory, timeout)
                 run.reference_per_s = reference.per_s
                 scenario.runs.append(run)
                 if "profile" in slots and py_spy:
@@ -1055,9 +650,6 @@ def measure(
             finally:
                 for slot in slots.values():
                     source.drop_slot(slot)
-            scenario.source = source.checksum()  # the table as the scenario left it
-        if not args.no_mirror:
-            spark = mirror_scenarios(scenarios, directory, exclude)
     finally:
         with contextlib.suppress(Exception):
             source.cleanup()
@@ -1081,21 +673,9 @@ def measure(
                 "workload_s": s.workload_s,
                 "runs": [r.as_dict() for r in s.runs],
                 "profile": s.profile,
-                "mirror": s.mirror,
             }
             for s in scenarios
         ],
-        "spark": spark,
-        "end_to_end_duckdb": {
-            s.name: {
-                "changes_per_s": s.mirror["end_to_end_per_s"],
-                "ratio_to_reference": s.mirror["end_to_end_ratio"],
-                "mirror_equal": s.mirror["equal"],
-            }
-            for s in scenarios
-            if s.mirror is not None
-        }
-        or None,
         "target_per_s": TARGET_PER_S,
     }
 
@@ -1151,7 +731,6 @@ def report(result: dict[str, Any], markdown: bool) -> str:
                     "-" if r["peak_rss_bytes"] is None else f"{r['peak_rss_bytes'] / MB:.0f}",
                 ]
             )
-        rows += mirror_rows(s)
     headers = [
         "scenario",
         "consumer",
@@ -1185,10 +764,8 @@ def report(result: dict[str, Any], markdown: bool) -> str:
         "cores = CPU seconds / elapsed: client = the consumer's process (for headwater every "
         "thread: the reader's and the log's), walsender = the server process decoding for it.",
     ]
-    out += mirror_report(result, markdown)
     out += where_the_time_goes(result)
     busy = [r["machine_busy"] for s in result["scenarios"] for r in s["runs"]]
-    busy += [s["mirror"]["machine_busy"] for s in result["scenarios"] if s["mirror"]]
     if busy and max(busy) > 0.9:
         out.append(
             f"The machine's CPUs were up to {max(busy):.0%} busy during the runs: other work "
@@ -1227,142 +804,6 @@ def report(result: dict[str, Any], markdown: bool) -> str:
                 )
             )
     return "\n".join(out)
-
-
-def mirror_rows(s: dict[str, Any]) -> list[list[str]]:
-    """The scenario's rows of the main table for the DuckDB mirror: its apply, end to end."""
-    m = s["mirror"]
-    if m is None:
-        return []
-    ratio = m["end_to_end_ratio"]
-    return [
-        [
-            s["name"],
-            "mirror: log -> DuckDB (Spark)",
-            f"{m['changes_per_s']:,.0f}",
-            "-",
-            f"{m['seconds']:.2f}",
-            _cores(m["tree_cpu_s"], m["seconds"]),
-            "-",
-            "-",
-            f"{m['machine_busy'] * 100:.0f}%",
-            f"{m['peak_rss_bytes'] / MB:.0f}",
-        ],
-        [
-            s["name"],
-            "end to end: reader + mirror",
-            f"{m['end_to_end_per_s']:,.0f}",
-            "-" if ratio is None else f"{ratio:.2f}",
-            f"{m['end_to_end_s']:.2f}",
-            *["-"] * 5,
-        ],
-    ]
-
-
-def mirror_report(result: dict[str, Any], markdown: bool) -> list[str]:
-    """The mirror's notes, its checks against the source, where its batches' seconds go and
-    what held its memory."""
-    spark = result["spark"]
-    mirrored = [s for s in result["scenarios"] if s["mirror"]]
-    if spark is None or not mirrored:
-        return ["End to end into the DuckDB mirror: not measured (--no-mirror)."]
-    out = [
-        f"mirror: a pipeline destination (duckdb, apply: upsert, mode: batch, run_once) over each "
-        f"scenario's log, insert then mix into one DuckDB file; Spark {spark['master']} in this "
-        f"process, started ({spark['start_s']:.1f} s) and warmed by a run over "
-        f"{spark['warmup']['records']:,} records ({spark['warmup']['seconds']:.1f} s) "
-        "beforehand: neither is in a figure. Its client cores and peak RSS: the whole process "
-        "tree (this process, Spark's JVM, its Python workers). End to end = changes / (reader s "
-        "+ mirror s), one after the other.",
-    ]
-    for s in mirrored:
-        m = s["mirror"]
-        src, dst = m["source"], m["mirror"]
-        out.append(
-            f"{s['name']}: mirror equal: {'yes' if m['equal'] else 'no'} (rows {dst['rows']:,} / "
-            f"source {src['rows']:,}; sum(id) {dst['key_sum']:,} / {src['key_sum']:,}; "
-            f"sum(amount) {dst['amount_sum']} / {src['amount_sum']}; applied {m['applied']:,} "
-            f"of {m['changes']:,} changes, {m['failed']} failed)"
-        )
-    out += ["", "Mirror batches (seconds; the steps timed around the writer's calls):", ""]
-    steps = MirrorProbe.STEPS
-    rows: list[list[str]] = []
-    notes: list[str] = []
-    for s in mirrored:
-        m = s["mirror"]
-        for b in m["batches"]:
-            timed = sum(b.get(k, 0.0) for k in ("spark", "ddl", "apply"))
-            rows.append(
-                [
-                    f"{s['name']} {b['batch']}",
-                    f"{b.get('changes', 0):,}",
-                    f"{b['seconds']:.2f}",
-                    *[f"{b[k]:.2f}" if k in b else "-" for k in steps],
-                    f"{b['seconds'] - timed:.2f}",
-                ]
-            )
-        rows.append(
-            [f"{s['name']} query", "", f"{m['outside_batches_s']:.2f}", *[""] * (len(steps) + 1)]
-        )
-        notes.append(
-            f"{s['name']}: run_once {m['seconds']:.2f} s, of which {m['before_first_batch_s']:.2f}"
-            f" before the first batch ({m['query_start_s']:.2f} starting the query: the source's "
-            f"frame, writeStream.start; the rest Spark planning the first micro-batch) and "
-            f"{m['after_last_batch_s']:.2f} after the last"
-        )
-    out.append(
-        print_table(["batch", "changes", "seconds", *steps, "rest"], rows, markdown=markdown)
-    )
-    out += [""]
-    out.append(
-        "spark = Spark's jobs (the batch's ranges; the tasks reading the log and staging the "
-        "changes as Parquet); ddl = the table made or widened; load .. commit = the apply's "
-        "transaction: the staged Parquet read into a temporary table, the truncate checks, "
-        "the deletes, the upsert, the commit (other: the ledger, the staged files removed); "
-        "rest = the writer's call outside those (the ledger check, the schemas file); query = "
-        "run_once's seconds outside any batch (the query's start, offsets, its checkpoint)."
-    )
-    for s in mirrored:
-        for b in s["mirror"]["batches"]:
-            out.append(
-                f"{s['name']} batch {b['batch']}: rest includes the ledger check "
-                f"{b.get('ledger check', 0.0):.2f} s and the schemas file "
-                f"{b.get('schemas file', 0.0):.2f} s; Spark's jobs "
-                + " + ".join(f"{x:.2f}" for x in b.get("spark_jobs", []))
-                + f" s; the DuckDB file opened {b.get('connects', 0):.0f} times, "
-                f"{b.get('connect', 0.0):.2f} s in all (within ledger check, ddl and apply)"
-            )
-    out += notes
-    for s in mirrored:
-        m = s["mirror"]
-        out.append(
-            f"{s['name']}: peak RSS of the tree {m['peak_rss_bytes'] / MB:.0f} MB "
-            f"(PSS {m['peak_pss_bytes'] / MB:.0f}), MB: {rss_groups(m['rss_at_peak'])}"
-        )
-    return out
-
-
-def rss_groups(at_peak: Sequence[Sequence[Any]]) -> str:
-    """The processes at the peak by kind: how many, their RSS summed, largest first."""
-    groups: dict[str, list[int]] = {}
-    for name, size in at_peak:
-        if name == "java":
-            kind = "Spark's JVM"
-        elif Path(__file__).name in name:
-            kind = "this process"
-        elif name.endswith("pyspark.worker"):
-            kind = "Python workers"
-        elif "pyspark.sql" in name:  # pyspark.sql.worker.*, the streaming source's runner
-            kind = "Python data source workers"
-        else:
-            kind = name
-        count_size = groups.setdefault(kind, [0, 0])
-        count_size[0] += 1
-        count_size[1] += size
-    ranked = sorted(groups.items(), key=lambda g: -g[1][1])
-    return ", ".join(
-        f"{kind}{f' x{n}' if n > 1 else ''} {size / MB:.0f}" for kind, (n, size) in ranked
-    )
 
 
 def where_the_time_goes(result: dict[str, Any]) -> list[str]:
@@ -1411,7 +852,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--profile", action="store_true", help="py-spy on one more reader run (insert)"
     )
     parser.add_argument(
-        "--no-mirror", action="store_true", help="leave the DuckDB mirror (and Spark) out"
+        "--no-mirror", action="store_true", help="no effect: the DuckDB mirror was removed"
     )
     parser.add_argument(
         "--format", choices=("text", "markdown", "json"), default="text", help="output format"
@@ -1428,16 +869,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 @contextlib.contextmanager
-def _server(dsn: str | None) -> Iterator[tuple[str, list[int]]]:
-    """The server's DSN, and its postmaster's pid when it runs here."""
+def _server(dsn: str | None) -> Iterator[str]:
+    """The server's DSN: ``dsn``, or a throwaway server's."""
     if dsn:
-        yield dsn, []
+        yield dsn
         return
     from headwater.testing.postgres import start_postgres
 
     progress("starting a throwaway PostgreSQL (fsync off, as for the tests)")
     with start_postgres() as pg:
-        yield pg.dsn, [pg.pid]
+        yield pg.dsn
 
 
 def _terminated(signum: int, frame: object) -> None:
@@ -1453,8 +894,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     directory = bench_directory(args.dir, "bench-transport-")
     started = time.perf_counter()
     try:
-        with _server(args.dsn) as (dsn, server):
-            result = measure(args, dsn, directory, server)
+        with _server(args.dsn) as dsn:
+            result = measure(args, dsn, directory)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     progress(f"done in {time.perf_counter() - started:.0f} s")
