@@ -1,17 +1,21 @@
-"""What every command shares: ``--config``, ``--format``, loading the config, opening the bus."""
+"""What every command shares: ``--config``, ``--format``, loading the config, opening the bus;
+and what the server roles' commands share: their options, and running the role."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
 from headwater.bus import Bus, open_bus
 from headwater.config.loader import load_config
 from headwater.config.model import HeadwaterConfig
+
+if TYPE_CHECKING:
+    from headwater.roles.base import Serve
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,6 +61,29 @@ def format_option(f: F) -> F:
         show_default=True,
         help="text for people; json for scripts.",
     )(f)
+
+
+def role_options(host_help: str, port_help: str) -> Callable[[F], F]:
+    """A server role's ``--host``, ``--port``, ``--log-format`` and ``--config``."""
+
+    def decorate(f: F) -> F:
+        f = config_option(f)
+        f = click.option("--log-format", type=click.Choice(["text", "json"]), default="text")(f)
+        f = click.option("--port", type=click.IntRange(0, 65535), default=None, help=port_help)(f)
+        return click.option("--host", default=None, help=host_help)(f)
+
+    return decorate
+
+
+def run_server_role(
+    ctx: click.Context, serve: Serve, host: str | None, port: int | None, log_format: str
+) -> None:
+    """Log as ``--log-format`` says, and run the role ``serve`` serves until it stops."""
+    from headwater.cli.logs import setup_logging
+    from headwater.roles.base import run_role
+
+    setup_logging("json" if log_format == "json" else "text")
+    run_role(serve, cli_config(ctx), host, port, click.echo)
 
 
 def config_path(ctx: click.Context) -> Path | None:

@@ -8,7 +8,13 @@ import click
 
 from headwater import __version__
 from headwater.cli.config_cmds import config_group
-from headwater.cli.context import cli_config, config_option, group_config_option
+from headwater.cli.context import (
+    cli_config,
+    config_option,
+    group_config_option,
+    role_options,
+    run_server_role,
+)
 from headwater.cli.failed_cmds import failed_group
 from headwater.cli.log_cmds import log_group
 from headwater.cli.logs import setup_logging
@@ -120,26 +126,18 @@ def collector_cmd(
 
 
 @cli.command("console")
-@click.option(
-    "--host", default=None, help="Address to listen on [default: console.host, 127.0.0.1]."
+@role_options(
+    "Address to listen on [default: console.host, 127.0.0.1].",
+    "Its port (0: any free port; the URL is printed) [default: console.port, 8070].",
 )
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=None,
-    help="Its port (0: any free port; the URL is printed) [default: console.port, 8070].",
-)
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
-@config_option
 @click.pass_context
 def console_cmd(ctx: click.Context, host: str | None, port: int | None, log_format: str) -> None:
     """Run the operator console alone until SIGTERM: the same pages `headwater up` serves,
     reading the log, the pipeline's status, the failed store and the webhook state where the
     other commands read them. Log in with an admin token (console.admin_token_hashes)."""
-    from headwater.roles.console import run_console
+    from headwater.roles.console import serve_console
 
-    setup_logging("json" if log_format == "json" else "text")
-    run_console(cli_config(ctx), host, port, click.echo)
+    run_server_role(ctx, serve_console, host, port, log_format)
 
 
 @cli.command("hash-key")

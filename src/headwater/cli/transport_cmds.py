@@ -7,21 +7,21 @@ import time
 
 import click
 
-from headwater.cli.context import cli_config, config_option, format_option
-from headwater.cli.logs import setup_logging
+from headwater.cli.context import (
+    cli_config,
+    config_option,
+    format_option,
+    role_options,
+    run_server_role,
+)
 from headwater.cli.output import echo_json, table
 
 
 @click.group("transport", invoke_without_command=True)
-@click.option("--host", default=None, help="Where /healthz listens [default: transport.host].")
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=None,
-    help="Its port (0: any free port) [default: transport.port, 8092].",
+@role_options(
+    "Where /healthz listens [default: transport.host].",
+    "Its port (0: any free port) [default: transport.port, 8092].",
 )
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
-@config_option
 @click.pass_context
 def transport_group(
     ctx: click.Context, host: str | None, port: int | None, log_format: str
@@ -31,10 +31,9 @@ def transport_group(
     log, `headwater up` runs them itself."""
     if ctx.invoked_subcommand is not None:
         return
-    from headwater.roles.transport import run_transport
+    from headwater.roles.transport import serve_transport
 
-    setup_logging("json" if log_format == "json" else "text")
-    run_transport(cli_config(ctx), host, port, click.echo)
+    run_server_role(ctx, serve_transport, host, port, log_format)
 
 
 @transport_group.command("status")

@@ -8,8 +8,13 @@ import datetime as dt
 
 import click
 
-from headwater.cli.context import cli_config, config_option, format_option
-from headwater.cli.logs import setup_logging
+from headwater.cli.context import (
+    cli_config,
+    config_option,
+    format_option,
+    role_options,
+    run_server_role,
+)
 from headwater.cli.output import echo_json, table
 from headwater.ops.errors import BadInput
 from headwater.webhooks.state.base import Attempt, MessageState
@@ -18,15 +23,10 @@ REASON_WIDTH = 80
 
 
 @click.group("webhooks", invoke_without_command=True)
-@click.option("--host", default=None, help="Where /healthz listens [default: webhooks.host].")
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=None,
-    help="Its port (0: any free port) [default: webhooks.port, 8090].",
+@role_options(
+    "Where /healthz listens [default: webhooks.host].",
+    "Its port (0: any free port) [default: webhooks.port, 8090].",
 )
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
-@config_option
 @click.pass_context
 def webhooks_group(ctx: click.Context, host: str | None, port: int | None, log_format: str) -> None:
     """The webhook transport. Without a subcommand: run the webhook workers (FromSender,
@@ -35,10 +35,9 @@ def webhooks_group(ctx: click.Context, host: str | None, port: int | None, log_f
     or the embedded SQLite state on one machine)."""
     if ctx.invoked_subcommand is not None:
         return
-    from headwater.roles.webhooks import run_webhooks
+    from headwater.roles.webhooks import serve_webhooks
 
-    setup_logging("json" if log_format == "json" else "text")
-    run_webhooks(cli_config(ctx), host, port, click.echo)
+    run_server_role(ctx, serve_webhooks, host, port, log_format)
 
 
 def _since(value: str | None) -> float | None:

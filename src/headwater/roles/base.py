@@ -1,14 +1,16 @@
 """What the server roles that run beside ``headwater up`` share (``headwater webhooks``,
-``headwater transport``): opening the bus with a clear refusal when ``up`` holds the embedded
-log, and a small HTTP site for ``/healthz``."""
+``headwater transport``, ``headwater console``): their start-up and shut-down (signals, the bus,
+the webhook state), opening the bus with a clear refusal when ``up`` holds the embedded log, and
+a small HTTP site for ``/healthz``."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -21,9 +23,71 @@ if TYPE_CHECKING:
     from headwater.webhooks.state import StateStore
 
 
+Echo = Callable[[str], None]
+Serve = Callable[[HeadwaterConfig, str | None, int | None, Echo], Coroutine[Any, Any, None]]
+
+
+class Listens(Protocol):
+    """A role's config section: where it listens by default."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+
+def run_role(
+    serve: Serve, config: HeadwaterConfig, host: str | None, port: int | None, echo: Echo
+) -> None:
+    """Run a role's ``serve`` (``serve_console``, ``serve_webhooks``...) until it stops."""
+    asyncio.run(serve(config, host, port, echo))
+
+
+def listen_address(section: Listens, host: str | None, port: int | None) -> tuple[str, int]:
+    """Where a role listens: ``--host``/``--port`` where given, else its section's."""
+    return (host or section.host, section.port if port is None else port)
+
+
+@dataclass
+class RoleRun:
+    """What a running role holds: its bus, and its webhook state once opened."""
+
+    bus: Bus
+    store: StateStore | None = None
+
+
+@asynccontextmanager
+async def role_running(
+    stop: asyncio.Event, open_: Callable[[], Awaitable[Bus]], echo: Echo
+) -> AsyncIterator[RoleRun]:
+    """A role's start-up and shut-down: SIGTERM and SIGINT set ``stop``, and the bus ``open_``
+    gives is opened (the handlers removed again when that fails); on the way out, ``close_role``
+    (with the state the role put in ``store``)."""
+    installed = stop_on_signals(stop)
+    try:
+        bus = await open_()
+    except BaseException:
+        remove_signals(installed)
+        raise
+    run = RoleRun(bus)
+    try:
+        yield run
+    finally:
+        await close_role(bus, installed, echo, run.store)
+
+
+async def until_stopped(stop: asyncio.Event, echo: Echo, ready: str) -> None:
+    """Say the role is ``ready``, wait for ``stop``, and say it is stopping."""
+    echo(ready)
+    await stop.wait()
+    echo("headwater: stopping")
+
+
 async def open_role_bus(config: HeadwaterConfig, runs: str, processes: str) -> Bus:
-    """The configured bus. On the embedded log held by ``headwater up`` (which ``runs`` the
-    role itself), a clear error: separate ``processes`` need Kafka."""
+    """The configured bus. On the embedded log, the process that holds it (``headwater up``)
+    ``runs`` the role itself, and a second process cannot write to it: a clear error that
+    separate ``processes`` need Kafka."""
     if config.bus.backend == "embedded":
         config.data_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -37,18 +101,24 @@ async def open_role_bus(config: HeadwaterConfig, runs: str, processes: str) -> B
 
 @asynccontextmanager
 async def health_site(
-    host: str, port: int, healthz: Callable[[web.Request], Awaitable[web.Response]]
-) -> AsyncIterator[str]:
-    """Serve ``GET /healthz`` on ``host:port`` (0: any free port); yields its URL."""
+    config: HeadwaterConfig,
+    listen: tuple[str, int],
+    healthz: Callable[[web.Request], Awaitable[web.Response]],
+    echo: Echo,
+) -> AsyncIterator[None]:
+    """Serve ``GET /healthz`` on ``listen`` (port 0: any free port), and say where, and where the
+    role's bus is."""
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     try:
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        site = web.TCPSite(runner, *listen, reuse_address=True)
         await site.start()
         bound = site._server.sockets[0].getsockname()  # type: ignore[union-attr]
-        yield f"http://{bound[0]}:{bound[1]}/healthz"
+        echo(f"headwater: bus open: {describe_bus(config)}")
+        echo(f"headwater: health at http://{bound[0]}:{bound[1]}/healthz")
+        yield
     finally:
         await runner.cleanup()
 
@@ -56,7 +126,7 @@ async def health_site(
 async def close_role(
     bus: Bus,
     installed: list[signal.Signals],
-    echo: Callable[[str], None],
+    echo: Echo,
     store: StateStore | None = None,
 ) -> None:
     """A role's last steps: its webhook state closed, its bus flushed and closed, its signal

@@ -5,14 +5,13 @@ webhook state."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
-from headwater.bus import open_bus
+from headwater.bus import Bus, open_bus
 from headwater.config.model import HeadwaterConfig
 from headwater.console.app import Console
 from headwater.console.site import console_site
 from headwater.ops.errors import BadInput
-from headwater.roles.base import close_role, remove_signals, stop_on_signals
+from headwater.roles.base import Echo, listen_address, role_running, until_stopped
 
 
 def require_tokens(config: HeadwaterConfig) -> None:
@@ -27,38 +26,25 @@ async def serve_console(
     config: HeadwaterConfig,
     host: str | None,
     port: int | None,
-    echo: Callable[[str], None] = print,
+    echo: Echo = print,
     stop: asyncio.Event | None = None,
 ) -> None:
     """``headwater console`` until SIGTERM or ``stop``."""
     require_tokens(config)
     stop = stop or asyncio.Event()
-    installed = stop_on_signals(stop)
-    store = None
-    try:
+
+    async def opening() -> Bus:
         if config.bus.backend == "embedded":
             config.log_dir().mkdir(parents=True, exist_ok=True)
-        bus = await asyncio.to_thread(open_bus, config, read_only=True)
-    except BaseException:
-        remove_signals(installed)
-        raise
-    try:
+        return await asyncio.to_thread(open_bus, config, read_only=True)
+
+    async with role_running(stop, opening, echo) as run:
         if config.webhooks.sources or config.webhooks.receivers:
             from headwater.webhooks.state import open_state
 
-            store = await asyncio.to_thread(open_state, config)
-        console = Console(config, bus, webhook_state=store)
-        listen = (host or config.console.host, config.console.port if port is None else port)
+            run.store = await asyncio.to_thread(open_state, config)
+        console = Console(config, run.bus, webhook_state=run.store)
+        listen = listen_address(config.console, host, port)
         async with console_site(console, *listen) as url:
             echo(f"headwater: console at {url}/ (health at {url}/healthz)")
-            echo("headwater: console ready (stop with SIGTERM)")
-            await stop.wait()
-            echo("headwater: stopping")
-    finally:
-        await close_role(bus, installed, echo, store)
-
-
-def run_console(
-    config: HeadwaterConfig, host: str | None, port: int | None, echo: Callable[[str], None]
-) -> None:
-    asyncio.run(serve_console(config, host, port, echo))
+            await until_stopped(stop, echo, "headwater: console ready (stop with SIGTERM)")
