@@ -162,6 +162,31 @@ def stage_parquet(
     return parts
 
 
+def staging_beside(path: Path) -> Path:
+    """Where a destination kept in ``path`` (a file or a folder) stages: ``<path>.staging``."""
+    return path.with_name(path.name + ".staging")
+
+
+class ParquetStaging:
+    """``Destination.stage``, ``discard_staged`` and ``clean_staging`` for a destination whose
+    tasks stage Parquet files in its ``staging`` folder, for its driver's commit to read."""
+
+    @property
+    def staging(self) -> Path:
+        raise NotImplementedError
+
+    def stage(
+        self, writer_id: str, batch_id: int, task: str, tables: Mapping[str, pa.Table]
+    ) -> list[StagedPart]:
+        return stage_parquet(self.staging, writer_id, batch_id, task, tables)
+
+    def discard_staged(self, writer_id: str, batch_id: int, parts: Sequence[StagedPart]) -> None:
+        remove_files(parts)
+
+    def clean_staging(self, writer_id: str) -> None:
+        remove_writer_staging(self.staging, writer_id)
+
+
 def writer_folder(folder: Path, writer_id: str) -> Path:
     return folder / safe_name(writer_id)
 

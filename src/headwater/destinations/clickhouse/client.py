@@ -38,15 +38,15 @@ from headwater.destinations.base import (
     TableSchema,
 )
 from headwater.destinations.batches import (
+    ParquetStaging,
     by_table,
     column_type,
     conform,
     dedupe_last,
     remove_files,
-    remove_writer_staging,
     schema_of,
-    stage_parquet,
     staged_paths,
+    staging_beside,
     utc_timestamps,
 )
 from headwater.destinations.clickhouse import mirror
@@ -128,7 +128,7 @@ def database_lock(path: Path, database: str) -> threading.RLock:
         return _DATABASE_LOCKS.setdefault(key, threading.RLock())
 
 
-class ClickHouseDestination(Destination):
+class ClickHouseDestination(ParquetStaging, Destination):
     kind = "clickhouse"
 
     def __init__(self, path: Path, database: str) -> None:
@@ -279,12 +279,7 @@ class ClickHouseDestination(Destination):
 
     @property
     def staging(self) -> Path:
-        return self.path.with_name(self.path.name + ".staging") / self.database
-
-    def stage(
-        self, writer_id: str, batch_id: int, task: str, tables: Mapping[str, pa.Table]
-    ) -> list[StagedPart]:
-        return stage_parquet(self.staging, writer_id, batch_id, task, tables)
+        return staging_beside(self.path) / self.database
 
     def commit_staged(
         self,
@@ -335,12 +330,6 @@ class ClickHouseDestination(Destination):
             self._record(writer_id, batch_id)
         remove_files(parts)
         return True
-
-    def discard_staged(self, writer_id: str, batch_id: int, parts: Sequence[StagedPart]) -> None:
-        remove_files(parts)
-
-    def clean_staging(self, writer_id: str) -> None:
-        remove_writer_staging(self.staging, writer_id)
 
     # -- apply: upsert (transport mirrors; see clickhouse/mirror.py) ------------------------
     def _mirror_tables(self) -> None:

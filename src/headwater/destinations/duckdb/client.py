@@ -30,12 +30,12 @@ from headwater.destinations.base import (
     TableSchema,
 )
 from headwater.destinations.batches import (
+    ParquetStaging,
     by_table,
     commit_with_ledger,
     remove_files,
-    remove_writer_staging,
-    stage_parquet,
     staged_paths,
+    staging_beside,
 )
 from headwater.destinations.duckdb.dialect import DuckDBDialect
 from headwater.destinations.session import Session, TableChanged
@@ -174,7 +174,7 @@ APPLY_CHUNK_ROWS = 50_000  # a mirror's changes applied per statement (see _chun
 # insert). DuckDB checkpoints by itself once the WAL passes its threshold; readers replay it.
 
 
-class DuckDBDestination(SqlDestination):
+class DuckDBDestination(ParquetStaging, SqlDestination):
     kind = "duckdb"
     release_after_use = True
 
@@ -210,12 +210,7 @@ class DuckDBDestination(SqlDestination):
 
     @property
     def staging(self) -> Path:
-        return self.path.with_name(self.path.name + ".staging")
-
-    def stage(
-        self, writer_id: str, batch_id: int, task: str, tables: Mapping[str, pa.Table]
-    ) -> list[StagedPart]:
-        return stage_parquet(self.staging, writer_id, batch_id, task, tables)
+        return staging_beside(self.path)
 
     def commit_staged(
         self,
@@ -244,9 +239,6 @@ class DuckDBDestination(SqlDestination):
         remove_files(parts)
         return done
 
-    def discard_staged(self, writer_id: str, batch_id: int, parts: Sequence[StagedPart]) -> None:
-        remove_files(parts)
-
     def apply_sql(self) -> ApplySql:
         from headwater.transport.apply import DuckDBApply
 
@@ -274,9 +266,6 @@ class DuckDBDestination(SqlDestination):
     def _drop_changes(self, s: Session, relation: str) -> None:
         if relation.startswith("read_parquet('"):  # the numbered copy
             Path(relation.split("'")[1]).unlink(missing_ok=True)
-
-    def clean_staging(self, writer_id: str) -> None:
-        remove_writer_staging(self.staging, writer_id)
 
 
 def open_destination(config: DestinationConfig, data_dir: Path) -> DuckDBDestination:

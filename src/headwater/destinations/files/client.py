@@ -49,6 +49,7 @@ from headwater.destinations.batches import (
     replace_file,
     stage_parquet,
     staged_paths,
+    staging_beside,
     utc_timestamps,
     without_order,
     writer_folder,
@@ -154,7 +155,7 @@ class FilesDestination(Destination):
 
     @property
     def staging(self) -> Path:
-        return self.root.with_name(self.root.name + ".staging")
+        return staging_beside(self.root)
 
     def stage(
         self, writer_id: str, batch_id: int, task: str, tables: Mapping[str, pa.Table]
