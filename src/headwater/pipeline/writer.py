@@ -25,7 +25,7 @@ import logging
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from headwater.config.model import HeadwaterConfig
 from headwater.destinations import Destination, open_destination
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 WRITE_FAILED = "HW-PIPE-401"
 FIRST_SAMPLE = 2_000  # events a writer that knows nothing learns its first guess from
 MAX_PLANS = 4  # a batch is planned at most this often (each plan learns from novel rows)
-__all__ = ["NULL_KEY", "WRITE_FAILED", "BatchStats", "DestinationWriter"]
+__all__ = ["NULL_KEY", "WRITE_FAILED", "BatchStats", "DestinationWriter", "WriterBase"]
 
 
 @dataclass
@@ -70,23 +70,48 @@ class BatchStats:
         return timed(self.phases, name)
 
 
-class DestinationWriter:
+class Ledgered(Protocol):
+    """What a writer needs of its destination whatever it writes: its ledger and its staging."""
+
+    def committed(self, writer_id: str) -> int | None: ...
+
+    def clean_staging(self, writer_id: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Replayable(Protocol):
+    """What a writer needs of a batch's figures whatever it writes."""
+
+    batch_id: int
+    replayed_batch: bool
+
+
+DestinationT = TypeVar("DestinationT", bound=Ledgered)
+StatsT = TypeVar("StatsT", bound=Replayable)
+
+
+class WriterBase(Generic[DestinationT, StatsT]):
+    """What every writer of a destination's query (the events' ``DestinationWriter``, transport's
+    ``MirrorWriter``) holds: its destination, opened on first use with what a crashed run staged
+    removed, its last batch's figures and its totals."""
+
     def __init__(self, config: HeadwaterConfig, dest: DestinationConfig) -> None:
         self.config = config
         self.dest = dest
-        self.knowledge_path = config.checkpoint_dir() / f"{dest.id}.knowledge.json"
-        self.knowledge = Knowledge.load(self.knowledge_path)
-        self._destination: Destination | None = None
-        self.last: BatchStats | None = None
+        self._destination: DestinationT | None = None
+        self.last: StatsT | None = None
         self.batches = 0
         self.written = 0
         self.failed_events = 0
-        self.phases: dict[str, float] = {}  # seconds per phase, summed over batches
+
+    def _open(self) -> DestinationT:
+        raise NotImplementedError
 
     @property
-    def destination(self) -> Destination:
+    def destination(self) -> DestinationT:
         if self._destination is None:
-            destination = open_destination(self.dest, self.config.data_dir)
+            destination = self._open()
             destination.clean_staging(self.dest.id)  # what a crashed run staged is not wanted
             self._destination = destination
         return self._destination
@@ -95,6 +120,27 @@ class DestinationWriter:
         if self._destination is not None:
             self._destination.close()
             self._destination = None
+
+    def _replayed(self, stats: StatsT) -> bool:
+        """Whether the destination's ledger holds the batch already (a replay after a crash):
+        then it is marked replayed, as the last batch, and there is nothing to write."""
+        done = self.destination.committed(self.dest.id)
+        if done is not None and stats.batch_id <= done:
+            stats.replayed_batch = True
+            self.last = stats
+            return True
+        return False
+
+
+class DestinationWriter(WriterBase[Destination, BatchStats]):
+    def __init__(self, config: HeadwaterConfig, dest: DestinationConfig) -> None:
+        super().__init__(config, dest)
+        self.knowledge_path = config.checkpoint_dir() / f"{dest.id}.knowledge.json"
+        self.knowledge = Knowledge.load(self.knowledge_path)
+        self.phases: dict[str, float] = {}  # seconds per phase, summed over batches
+
+    def _open(self) -> Destination:
+        return open_destination(self.dest, self.config.data_dir)
 
     def plan(self) -> BatchPlan:
         return plan(self.knowledge, self.dest, self.destination, self.config.pipeline)
@@ -105,10 +151,7 @@ class DestinationWriter:
         started = time.monotonic()
         stats = BatchStats(batch_id)
         destination = self.destination
-        done = destination.committed(self.dest.id)
-        if done is not None and batch_id <= done:
-            stats.replayed_batch = True
-            self.last = stats
+        if self._replayed(stats):
             return
         with stats.phase("plan"):
             df, ranges = sink.task_frame(df)

@@ -36,6 +36,7 @@ from headwater.config.model import HeadwaterConfig
 from headwater.destinations.base import StagedPart
 from headwater.errors import TerminalError, TransientError
 from headwater.pipeline.config import DestinationConfig
+from headwater.pipeline.writer import WriterBase
 from headwater.transport.apply import (
     CHANGES,
     CHANGES_TABLE,
@@ -107,31 +108,15 @@ class Schemas:
             self._changed = False
 
 
-class MirrorWriter:
+class MirrorWriter(WriterBase[MirrorDestination, MirrorStats]):
     def __init__(self, config: HeadwaterConfig, dest: DestinationConfig) -> None:
-        self.config = config
-        self.dest = dest
+        super().__init__(config, dest)
         self.schemas = Schemas(config.checkpoint_dir() / f"{dest.id}.mirror.json")
-        self._destination: MirrorDestination | None = None
-        self.last: MirrorStats | None = None
-        self.batches = 0
-        self.written = 0
-        self.failed_events = 0
 
-    @property
-    def destination(self) -> MirrorDestination:
-        if self._destination is None:
-            from headwater.destinations import open_destination
+    def _open(self) -> MirrorDestination:
+        from headwater.destinations import open_destination
 
-            destination = mirror_of(open_destination(self.dest, self.config.data_dir))
-            destination.clean_staging(self.dest.id)
-            self._destination = destination
-        return self._destination
-
-    def close(self) -> None:
-        if self._destination is not None:
-            self._destination.close()
-            self._destination = None
+        return mirror_of(open_destination(self.dest, self.config.data_dir))
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         from headwater.pipeline import sink
@@ -139,10 +124,7 @@ class MirrorWriter:
         started = time.monotonic()
         stats = MirrorStats(batch_id)
         destination = self.destination
-        done = destination.committed(self.dest.id)
-        if done is not None and batch_id <= done:
-            stats.replayed_batch = True
-            self.last = stats
+        if self._replayed(stats):
             return
         frame, ranges = sink.task_frame(df)
         marks = destination.writer_offsets(self.dest.id)
