@@ -23,7 +23,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -103,6 +103,54 @@ def _json_default(value: object) -> object:
     if hasattr(value, "__dataclass_fields__"):
         return {k: getattr(value, k) for k in value.__dataclass_fields__}
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+# -- targets ----------------------------------------------------------------------------------
+@dataclass
+class Target:
+    """A figure against its target: at least ``required`` (or at most, when not
+    ``higher_is_better``); a NaN figure was not measured, and misses."""
+
+    name: str
+    measured: float
+    required: float
+    unit: str
+    detail: str
+    higher_is_better: bool = True
+
+    @property
+    def passed(self) -> bool:
+        if self.measured != self.measured:
+            return False
+        if self.higher_is_better:
+            return self.measured >= self.required
+        return self.measured <= self.required
+
+    def verdict(self) -> str:
+        m, r, u, x = fmt_number(self.measured), fmt_number(self.required), self.unit, self.measured
+        if x != x:
+            return f"MISS  {self.name}: not measured; {self.detail}"
+        if self.passed:
+            sign, how = (
+                (">=", f"{x / self.required:.2f}x")
+                if self.higher_is_better
+                else ("<=", f"{x / self.required:.0%} of it")
+            )
+            return f"PASS  {self.name}: {m} {u} {sign} {r} ({how}); {self.detail}"
+        if self.higher_is_better:
+            short = self.required - x
+            return (
+                f"MISS  {self.name}: {m} {u} < {r}: short by {fmt_number(short)} {u} "
+                f"({short / self.required:.0%} below; needs {self.required / x:.2f}x); "
+                f"{self.detail}"
+            )
+        return (
+            f"MISS  {self.name}: {m} {u} > {r}: over by {fmt_number(x - self.required)} {u} "
+            f"({x / self.required:.1f}x the limit); {self.detail}"
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "passed": self.passed, "verdict": self.verdict()}
 
 
 # -- the machine ------------------------------------------------------------------------------

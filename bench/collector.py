@@ -90,6 +90,7 @@ from _common import (
     MB,
     ProcessSample,
     Steal,
+    Target,
     bench_directory,
     broker_figures,
     cores_between,
@@ -679,45 +680,6 @@ class RawFigure:
 
 
 @dataclass
-class Target:
-    name: str
-    measured: float
-    required: float
-    unit: str
-    higher_is_better: bool
-    detail: str
-
-    @property
-    def passed(self) -> bool:
-        if self.measured != self.measured:  # NaN: not measured
-            return False
-        if self.higher_is_better:
-            return self.measured >= self.required
-        return self.measured <= self.required
-
-    def verdict(self) -> str:
-        m, r, u = fmt_number(self.measured), fmt_number(self.required), self.unit
-        if self.measured != self.measured:
-            return f"MISS  {self.name}: not measured; {self.detail}"
-        if self.higher_is_better:
-            if self.passed:
-                return f"PASS  {self.name}: {m} {u} >= {r} ({self.measured / self.required:.2f}x)"
-            short = self.required - self.measured
-            return (
-                f"MISS  {self.name}: {m} {u} < {r}: short by {fmt_number(short)} {u} "
-                f"({short / self.required:.0%} below; needs {self.required / self.measured:.2f}x)"
-                f"; {self.detail}"
-            )
-        if self.passed:
-            return f"PASS  {self.name}: {m} {u} <= {r} ({self.measured / self.required:.0%} of it)"
-        over = self.measured - self.required
-        return (
-            f"MISS  {self.name}: {m} {u} > {r}: over by {fmt_number(over)} {u} "
-            f"({self.measured / self.required:.1f}x the limit); {self.detail}"
-        )
-
-
-@dataclass
 class ProfileFigure:
     case: str
     seconds: int
@@ -1294,7 +1256,6 @@ def targets(loads: Sequence[LoadFigure], idle: IdleFigure | None) -> list[Target
                     f.events_per_s,
                     TARGET_EVENTS_S,
                     "events/s",
-                    True,
                     "closed loop, 4 requests in flight per connection",
                 )
             )
@@ -1305,7 +1266,6 @@ def targets(loads: Sequence[LoadFigure], idle: IdleFigure | None) -> list[Target
                     f.events_per_s,
                     TARGET_HTTP_EVENTS_S,
                     "events/s",
-                    True,
                     "closed loop",
                 )
             )
@@ -1318,8 +1278,8 @@ def targets(loads: Sequence[LoadFigure], idle: IdleFigure | None) -> list[Target
                     f.p95_ms,
                     TARGET_P95_MS,
                     "ms",
-                    False,
                     f"{fmt_number(f.events_per_s)} events/s achieved of the 100k/s paced{where}",
+                    higher_is_better=False,
                 )
             )
     if idle is not None:
@@ -1330,10 +1290,10 @@ def targets(loads: Sequence[LoadFigure], idle: IdleFigure | None) -> list[Target
                 idle.pss_at_10k_mb,
                 TARGET_IDLE_RSS_MB,
                 "MB",
-                False,
                 f"{idle.connections:,} connections measured"
                 + (", extrapolated to 10k" if extrapolated else "")
                 + f"; RSS summed over the processes: {fmt_number(idle.rss_at_10k_mb)} MB",
+                higher_is_better=False,
             )
         )
     return out
@@ -1535,7 +1495,7 @@ def to_json(run: Run) -> dict[str, Any]:
         "loads": [{**asdict(f), "case": f.case} for f in run.loads],
         "raw_log": asdict(run.raw) if run.raw else None,
         "idle": asdict(run.idle) if run.idle else None,
-        "targets": [{**asdict(t), "passed": t.passed, "verdict": t.verdict()} for t in run.targets],
+        "targets": [t.as_json() for t in run.targets],
         "profiles": [asdict(p) for p in run.profiles],
         "notes": run.notes,
         **(
