@@ -108,6 +108,20 @@ class WriterBase(Generic[DestinationT, StatsT]):
     def _open(self) -> DestinationT:
         raise NotImplementedError
 
+    def _new_stats(self, batch_id: int) -> StatsT:
+        raise NotImplementedError
+
+    def _write(self, df: DataFrame, stats: StatsT, started: float) -> None:
+        """Write the batch (``started``: when it began, by ``time.monotonic``)."""
+        raise NotImplementedError
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        """``foreachBatch``'s function: the batch written, unless the ledger holds it already."""
+        started = time.monotonic()
+        stats = self._new_stats(batch_id)
+        if not self._replayed(stats):
+            self._write(df, stats, started)
+
     @property
     def destination(self) -> DestinationT:
         if self._destination is None:
@@ -145,14 +159,14 @@ class DestinationWriter(WriterBase[Destination, BatchStats]):
     def plan(self) -> BatchPlan:
         return plan(self.knowledge, self.dest, self.destination, self.config.pipeline)
 
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
+    def _new_stats(self, batch_id: int) -> BatchStats:
+        return BatchStats(batch_id)
+
+    def _write(self, df: DataFrame, stats: BatchStats, started: float) -> None:
         from headwater.pipeline import sink
 
-        started = time.monotonic()
-        stats = BatchStats(batch_id)
+        batch_id = stats.batch_id
         destination = self.destination
-        if self._replayed(stats):
-            return
         with stats.phase("plan"):
             df, ranges = sink.task_frame(df)
             if ranges != [] and destination.session_paths:

@@ -118,14 +118,14 @@ class MirrorWriter(WriterBase[MirrorDestination, MirrorStats]):
 
         return mirror_of(open_destination(self.dest, self.config.data_dir))
 
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
+    def _new_stats(self, batch_id: int) -> MirrorStats:
+        return MirrorStats(batch_id)
+
+    def _write(self, df: DataFrame, stats: MirrorStats, started: float) -> None:
         from headwater.pipeline import sink
 
-        started = time.monotonic()
-        stats = MirrorStats(batch_id)
+        batch_id = stats.batch_id
         destination = self.destination
-        if self._replayed(stats):
-            return
         frame, ranges = sink.task_frame(df)
         marks = destination.writer_offsets(self.dest.id)
         if ranges != [] and self.dest.functions:
