@@ -1,7 +1,6 @@
 """Benchmark of the pipeline: clickstream events on the embedded log into DuckDB and PostgreSQL.
 
-Run from the repository root (dlt is a bench-only dependency; the script installs the ``bench``
-extra into this venv when dlt is missing)::
+Run from the repository root::
 
     .venv/bin/python bench/pipeline.py                          # 1M events; tens of minutes
     .venv/bin/python bench/pipeline.py --events 20000 --skip-stream --skip-postgres   # quick
@@ -27,11 +26,11 @@ with the context headers the collector writes), Spark ``local[2]`` (issue 8):
    events' JSON (an NDJSON file): ``spark.read.json`` with inference, structs flattened,
    ``toArrow()``, DuckDB ``CREATE TABLE AS``; timed there after a warm-up on a sample, with its
    own peak RSS. Ratio headwater / naive.
-3. **Reference 2: dlt** loading the same JSON values into a fresh DuckDB file (it also
-   flattens, types and evolves the schema). Ratio headwater / dlt.
-4. **Fixed cost.** ``headwater pipeline --once`` as the CLI in a subprocess on a fresh data
+   (dlt, once a second reference, measured no target and was left out; ``--skip-dlt`` is
+   accepted and changes nothing.)
+3. **Fixed cost.** ``headwater pipeline --once`` as the CLI in a subprocess on a fresh data
    dir holding ``--fixed-events`` events: wall time, JVM start included.
-5. **Stream mode.** The DuckDB destination in ``mode: stream`` (trigger every ``--trigger-s``)
+4. **Stream mode.** The DuckDB destination in ``mode: stream`` (trigger every ``--trigger-s``)
    while this script appends events at a steady rate; a poller finds each measured event's row
    and records append time -> row visible. First ``--rate`` (5k/s): ``--stream-warmup-s`` of load
    (Spark compiles the query's code in its first micro-batches; not the steady state), then
@@ -55,7 +54,7 @@ Kafka connector reads the records). Figures: each run's events/s, peak RSS of th
 and rows landed, and the ratio Kafka / embedded log, with the target (within 20%: >= 0.8x). The
 broker is a child of this process but not the pipeline's: it is left out of the tree's RSS, and
 its own peak RSS (VmHWM over its life: warm-up, fill and both runs) is printed apart. Nothing
-else runs in that mode (PostgreSQL, naive PySpark, dlt, the 1/4-size batches, fixed cost and
+else runs in that mode (PostgreSQL, naive PySpark, the 1/4-size batches, fixed cost and
 stream mode measure the embedded log alone: a default run has them).
 """
 
@@ -365,43 +364,6 @@ def run_naive(directory: Path, ndjson: Path) -> dict[str, Any] | None:
     return json.loads(done.stdout.decode().strip().splitlines()[-1])
 
 
-def ensure_dlt() -> bool:
-    """Whether dlt imports, installing the ``bench`` extra into this venv first if it is missing
-    (the issue's reference; it is not in ``dev``)."""
-    import importlib.util
-
-    if importlib.util.find_spec("dlt") is None:
-        progress("dlt is missing: pip install -e '.[bench]' into this venv")
-        command = [sys.executable, "-m", "pip", "install", "-q", "-e", f"{REPO}[bench]"]
-        if subprocess.run(command, check=False).returncode != 0:
-            return False
-        importlib.invalidate_caches()
-    return importlib.util.find_spec("dlt") is not None
-
-
-def run_dlt(directory: Path, ndjson: Path, n: int) -> dict[str, Any] | None:
-    if not ensure_dlt():
-        progress("dlt could not be installed: no reference 2")
-        return None
-    import dlt
-
-    progress(f"reference 2: dlt loading {n:,} events into DuckDB")
-    os.environ["DLT_DATA_DIR"] = str(directory / "dlt-home")
-    os.environ["RUNTIME__LOG_LEVEL"] = "WARNING"
-    with ndjson.open("rb") as f:
-        values = [json.loads(line) for line in f]  # dlt is handed parsed values, as documented
-    pipe = dlt.pipeline(
-        pipeline_name="bench",
-        destination=dlt.destinations.duckdb(str(directory / "dlt.duckdb")),
-        dataset_name="bench",
-        pipelines_dir=str(directory / "dlt-pipelines"),
-    )
-    t0 = time.perf_counter()
-    pipe.run(values, table_name="events")
-    seconds = time.perf_counter() - t0
-    return {"events": n, "seconds": seconds, "events_per_s": n / seconds}
-
-
 def spark_env() -> dict[str, str]:
     """The environment for a child that starts Spark: loopback, and this venv's Python for the
     workers."""
@@ -645,7 +607,7 @@ def main() -> None:
         help="no ladder step starts past this many seconds of ladder",
     )
     parser.add_argument("--p95-limit-s", type=float, default=3.0)
-    parser.add_argument("--skip-batch", action="store_true", help="no batch, naive nor dlt")
+    parser.add_argument("--skip-batch", action="store_true", help="no batch nor naive")
     parser.add_argument("--skip-postgres", action="store_true")
     parser.add_argument("--skip-naive", action="store_true")
     parser.add_argument(
@@ -653,7 +615,7 @@ def main() -> None:
         action="store_true",
         help="no second DuckDB run in micro-batches of a quarter of the events (memory vs size)",
     )
-    parser.add_argument("--skip-dlt", action="store_true")
+    parser.add_argument("--skip-dlt", action="store_true", help="no effect: dlt was removed")
     parser.add_argument("--skip-fixed", action="store_true")
     parser.add_argument("--skip-stream", action="store_true")
     parser.add_argument(
@@ -670,7 +632,7 @@ def main() -> None:
     if args.bus == "kafka":  # the comparison alone: the other cases read the embedded log only
         if args.skip_batch:
             parser.error("--bus kafka measures the batch mode: drop --skip-batch")
-        args.skip_postgres = args.skip_naive = args.skip_dlt = args.skip_small_batches = True
+        args.skip_postgres = args.skip_naive = args.skip_small_batches = True
         args.skip_fixed = args.skip_stream = True
 
     from headwater.pipeline.config import SparkConfig
@@ -765,8 +727,6 @@ def main() -> None:
                     )
                 if not args.skip_naive and ndjson is not None:
                     out["naive"] = run_naive(root / "naive", ndjson)
-                if not args.skip_dlt and ndjson is not None:
-                    out["dlt"] = run_dlt(root / "dlt", ndjson, args.events)
         if not args.skip_fixed:
             out["fixed"] = run_fixed(root / "fixed", args.fixed_events)
         if not args.skip_stream:
@@ -864,7 +824,6 @@ def report(out: dict[str, Any]) -> None:
         ("small_batches", "headwater batch -> DuckDB, 1/4-size batches"),
         ("postgres", "headwater batch -> PostgreSQL"),
         ("naive", "naive PySpark -> DuckDB (own process)"),
-        ("dlt", "dlt -> DuckDB"),
     ):
         c = out.get(key)
         if not c:
@@ -892,9 +851,8 @@ def report(out: dict[str, Any]) -> None:
             )
         )
     b, k = out.get("batch"), out.get("kafka")
-    for key in ("naive", "dlt"):
-        if b and out.get(key):
-            print(f"headwater DuckDB / {key}: {b['events_per_s'] / out[key]['events_per_s']:.2f}x")
+    if b and out.get("naive"):
+        print(f"headwater DuckDB / naive: {b['events_per_s'] / out['naive']['events_per_s']:.2f}x")
     if b and k:
         print(
             "headwater DuckDB from Kafka / from the embedded log: "
