@@ -40,7 +40,26 @@ if TYPE_CHECKING:
 ARROW_MAX_RECORDS = 65_536
 
 
-class Consumer(ABC):
+class Closing(ABC):
+    """A resource that ``close`` releases, usable in a ``with`` block that closes it (the bus, its
+    consumers, the destinations)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Consumer(Closing):
     """Reads the partitions of some topics for one group, from its committed offsets."""
 
     @abstractmethod
@@ -62,22 +81,8 @@ class Consumer(ABC):
         """The partitions this consumer currently reads (on Kafka: empty until the group has
         assigned them during a poll)."""
 
-    @abstractmethod
-    def close(self) -> None: ...
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class Bus(ABC):
+class Bus(Closing):
     """The log between the collector and the pipeline."""
 
     backend: ClassVar[str]
@@ -185,14 +190,3 @@ class Bus(ABC):
     @abstractmethod
     def close(self) -> None:
         """Flush, persist group offsets and release resources. Idempotent."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -38,12 +38,12 @@ Errors: ``TransientError`` subclasses for what a retry may fix (connection lost,
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from headwater.bus.base import Closing
 from headwater.destinations.types import ColumnType
 from headwater.errors import TerminalError, TransientError
 
@@ -105,7 +105,7 @@ class DestinationUnavailable(TransientError):
     code = "HW-DST-002"
 
 
-class Destination(ABC):
+class Destination(Closing):
     """One configured destination (a DuckDB file, a PostgreSQL database, a folder of files)."""
 
     kind: ClassVar[str]
@@ -182,17 +182,3 @@ class Destination(ABC):
     @abstractmethod
     def committed(self, writer_id: str) -> int | None:
         """The highest batch id recorded for ``writer_id``, or None."""
-
-    @abstractmethod
-    def close(self) -> None: ...
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
