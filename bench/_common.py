@@ -8,6 +8,7 @@ what it measured. Progress goes to stderr so that ``--format json`` keeps stdout
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import cProfile
 import json
@@ -16,6 +17,7 @@ import platform
 import pstats
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -214,6 +216,56 @@ def scratch_directory(parent: Path | None, prefix: str, *, keep: bool = False) -
             progress(f"kept {directory}")
         else:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- child processes that serve on loopback --------------------------------------------------------
+@contextlib.contextmanager
+def serving_child(
+    command: Sequence[str], port_file: Path, log: Path | None = None, start_s: float = 60
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """Run ``command --port-file PORT_FILE`` (output to ``log`` when given) until the child has
+    written what it serves on (a port, a URL) into the file; yield the child and that text;
+    SIGTERM it at the end (SIGKILL after 30 s)."""
+    port_file.unlink(missing_ok=True)
+    out = log.open("wb") if log is not None else None
+    proc = subprocess.Popen(
+        [*command, "--port-file", str(port_file)], stdout=out, stderr=out and subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + start_s
+        while not port_file.exists() or not port_file.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                said = log.read_text() if log is not None else "(its output is above)"
+                raise RuntimeError(f"{' '.join(command[1:])} did not start: {said}")
+            time.sleep(0.05)
+        yield proc, port_file.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if out is not None:
+            out.close()
+
+
+def serve_app(app: Any, port_file: Path) -> None:
+    """Serve the aiohttp ``app`` on a free loopback port, on uvloop, written to ``port_file``,
+    until the process is ended."""
+    import uvloop
+    from aiohttp import web
+
+    async def main() -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port_file.write_text(str(site._server.sockets[0].getsockname()[1]))  # type: ignore[union-attr]
+        await asyncio.Event().wait()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
 
 
 # -- meters -----------------------------------------------------------------------------------

@@ -38,8 +38,6 @@ import contextlib
 import gzip
 import json
 import random
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -47,14 +45,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import print_table, progress, scratch_directory
+from _common import print_table, progress, scratch_directory, serve_app, serving_child
+from headwater.testing.load.http1 import post_concurrently
 
 PIPELINE_TOPIC = "events-delivery"
 SLOW_BATCH_BYTES = 65_536  # bodies of the 50 ms receiver's cases: many requests per session
 
 
 def receiver_main(port_file: Path, delay_ms: float) -> None:
-    import uvloop
     from aiohttp import web
 
     counted = {"events": 0, "requests": 0}
@@ -85,49 +83,20 @@ def receiver_main(port_file: Path, delay_ms: float) -> None:
         sizes = [len(b) for b in recorded]
         return web.json_response(sizes)
 
-    async def main() -> None:
-        app = web.Application(client_max_size=64 << 20)
-        app.router.add_post("/ingest", ingest)
-        app.router.add_get("/stats", stats)
-        app.router.add_post("/reset", reset)
-        app.router.add_post("/dump", dump)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port_file.write_text(str(site._server.sockets[0].getsockname()[1]))  # type: ignore[union-attr]
-        await asyncio.Event().wait()
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main())
+    app = web.Application(client_max_size=64 << 20)
+    app.router.add_post("/ingest", ingest)
+    app.router.add_get("/stats", stats)
+    app.router.add_post("/reset", reset)
+    app.router.add_post("/dump", dump)
+    serve_app(app, port_file)
 
 
 @contextlib.contextmanager
 def receiver(directory: Path, delay_ms: float) -> Iterator[str]:
-    port_file = directory / "receiver.port"
-    port_file.unlink(missing_ok=True)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            __file__,
-            "--role",
-            "receiver",
-            "--port-file",
-            str(port_file),
-            "--delay-ms",
-            str(delay_ms),
-        ]
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not port_file.exists() or not port_file.read_text():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the receiver did not start")
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port_file.read_text()}/ingest"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+    """The receiver in a child process; its URL."""
+    command = [sys.executable, __file__, "--role", "receiver", "--delay-ms", str(delay_ms)]
+    with serving_child(command, directory / "receiver.port") as (_, port):
+        yield f"http://127.0.0.1:{port}/ingest"
 
 
 def make_rows(n: int, sessions: int) -> list[object]:
@@ -194,20 +163,9 @@ async def headwater_task(url: str, chunks: list, sessions: int) -> tuple[float, 
 
 
 async def bare_client(url: str, bodies: list[bytes], events: int, parallel: int) -> float:
-    import aiohttp
-
-    queue = iter(bodies)
+    """Events/s of the reference: the same gzipped NDJSON bodies POSTed, ``parallel`` at a time."""
     headers = {"content-type": "application/x-ndjson", "content-encoding": "gzip"}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-
-        async def worker() -> None:
-            for body in queue:
-                async with session.post(url, data=body, headers=headers) as r:
-                    await r.read()
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(parallel)))
-        return events / (time.perf_counter() - started)
+    return events / await post_concurrently(url, ((b, headers) for b in bodies), parallel)
 
 
 # -- through the pipeline ------------------------------------------------------------------------

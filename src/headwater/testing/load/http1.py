@@ -1,12 +1,14 @@
-"""A keep-alive HTTP/1.1 load client: Raccoon REST requests (``POST /api/v1/events``,
-``application/proto``) from one pre-built head and template, one request in flight per
-connection, the next sent as soon as the last is answered."""
+"""HTTP/1.1 load clients: ``HttpClient``, Raccoon REST requests (``POST /api/v1/events``,
+``application/proto``) from one pre-built head and template on a keep-alive connection, one
+request in flight, the next sent as soon as the last is answered; and ``post_concurrently``,
+any bodies POSTed by concurrent workers over one aiohttp session."""
 
 from __future__ import annotations
 
 import asyncio
 import re
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -87,3 +89,28 @@ class HttpClient(asyncio.Protocol):
         self.load.stats.answered(problem, self._sent_at, f"HTTP {self._status}: ")
         if self.load.sending:
             self.send_request()
+
+
+async def post_concurrently(
+    url: str,
+    bodies: Iterable[tuple[bytes, Mapping[str, str]]],
+    concurrency: int,
+    expect: int | None = None,
+) -> float:
+    """POST each (body, headers) of ``bodies`` to ``url``, ``concurrency`` requests in flight
+    over one aiohttp session with no connection limit; the seconds it took. ``expect``: the
+    status every answer must have (``AssertionError`` otherwise)."""
+    import aiohttp
+
+    queue = iter(bodies)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def worker() -> None:
+            for body, headers in queue:
+                async with session.post(url, data=body, headers=headers) as r:
+                    await r.read()
+                    assert expect is None or r.status == expect, (r.status, url)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - started
