@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from headwater.config.base import Section
+from headwater.config.base import Section, require_unique_ids
 
 MiB = 1 << 20
 
@@ -192,9 +192,5 @@ class CollectorConfig(Section):
 
     @model_validator(mode="after")
     def _unique_sources(self) -> CollectorConfig:
-        seen: set[str] = set()
-        for s in self.sources:
-            if s.id in seen:
-                raise ValueError(f"source id {s.id!r} appears twice")
-            seen.add(s.id)
+        require_unique_ids(self.sources, "source id {!r} appears twice")
         return self

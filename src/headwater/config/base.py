@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from collections.abc import Iterable
+from typing import Annotated, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
@@ -24,3 +25,18 @@ def _identifier(v: str) -> str:
 
 # The id of a destination or a reader: it names files, checkpoints and topics.
 Identifier = Annotated[str, AfterValidator(_identifier)]
+
+
+class _HasId(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+def require_unique_ids(items: Iterable[_HasId], twice: str) -> None:
+    """A ValueError for the first id that appears twice among ``items``: ``twice`` says so, with
+    ``{!r}`` where the id goes."""
+    seen: set[str] = set()
+    for item in items:
+        if item.id in seen:
+            raise ValueError(twice.format(item.id))
+        seen.add(item.id)

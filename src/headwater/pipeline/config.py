@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from headwater.config.base import Identifier, Section
+from headwater.config.base import Identifier, Section, require_unique_ids
 from headwater.transport.functions import FunctionConfig
 
 DESTINATION_TYPES = (
@@ -211,9 +211,5 @@ class PipelineConfig(Section):
 
     @model_validator(mode="after")
     def _unique(self) -> PipelineConfig:
-        seen: set[str] = set()
-        for d in self.destinations:
-            if d.id in seen:
-                raise ValueError(f"destination id {d.id!r} is used twice")
-            seen.add(d.id)
+        require_unique_ids(self.destinations, "destination id {!r} is used twice")
         return self

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from headwater.config.base import Identifier, Section
+from headwater.config.base import Identifier, Section, require_unique_ids
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_$]{0,62}$")
 DEFAULT_TOPIC_PATTERN = "cdc.{reader}.{namespace}"
@@ -125,11 +125,7 @@ class TransportConfig(Section):
 
     @model_validator(mode="after")
     def _unique(self) -> TransportConfig:
-        seen: set[str] = set()
-        for r in self.readers:
-            if r.id in seen:
-                raise ValueError(f"two readers have the id {r.id!r}")
-            seen.add(r.id)
+        require_unique_ids(self.readers, "two readers have the id {!r}")
         return self
 
     def reader(self, reader_id: str) -> ReaderConfig:
