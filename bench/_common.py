@@ -8,6 +8,7 @@ what it measured. Progress goes to stderr so that ``--format json`` keeps stdout
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import cProfile
@@ -24,7 +25,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -153,6 +154,37 @@ class Target:
 
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self), "passed": self.passed, "verdict": self.verdict()}
+
+
+# -- command lines ------------------------------------------------------------------------------
+def arguments(
+    doc: str | None,
+    *,
+    quick: str | None = None,
+    markdown: bool = True,
+    output: bool = True,
+    keep: bool = True,
+) -> argparse.ArgumentParser:
+    """A benchmark's parser with the options they share: ``--quick`` (when ``quick`` is its
+    help), ``--format`` (text, markdown unless not ``markdown``, json; unless not ``output``),
+    ``--dir`` and ``--keep`` (unless not ``keep``)."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    if quick:
+        parser.add_argument("--quick", action="store_true", help=quick)
+    if output:
+        formats = ("text", "markdown", "json") if markdown else ("text", "json")
+        parser.add_argument(
+            "--format", choices=formats, default="text", help="the figures' form on stdout"
+        )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="parent of the temporary directory (default ./data), on the filesystem to measure",
+    )
+    if keep:
+        parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    return parser
 
 
 # -- the machine ------------------------------------------------------------------------------
@@ -469,43 +501,66 @@ class ThreadSamples:
     inclusive: list[tuple[str, int]]  # (function, samples where it was anywhere on the stack)
 
 
+def start_py_spy(
+    executable: str, pid: int, out: Path, *, rate: int, seconds: float | None = None, mode: str = ""
+) -> subprocess.Popen[bytes]:
+    """py-spy sampling every thread of ``pid`` into ``out`` (raw, collapsed stacks) for
+    ``seconds`` (None: until ``pid`` exits). ``mode``: "" (threads that were running: where CPU
+    goes), "gil" (only the GIL holder) or "idle" (every thread, waits included)."""
+    command = [executable, "record", "--pid", str(pid), "--rate", str(rate), "--threads"]
+    command += ["--duration", str(max(1, round(seconds)))] if seconds is not None else []
+    command += [f"--{mode}"] if mode else []
+    command += ["--nonblocking", "--format", "raw", "--output", str(out)]
+    return subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+
+
+def py_spy_samples(spy: subprocess.Popen[bytes], out: Path, timeout: float) -> str:
+    """What ``spy`` recorded once it has finished ("" when it could not attach); SIGINT (it
+    writes what it has) when it has not finished within ``timeout`` seconds."""
+    try:
+        _, err = spy.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        spy.send_signal(signal.SIGINT)
+        _, err = spy.communicate()
+    if out.exists():
+        return out.read_text()
+    progress(f"py-spy failed: {err.decode(errors='replace').strip()[-300:]}")
+    return ""
+
+
 @contextlib.contextmanager
 def py_spy_record(
-    executable: str, duration_s: int, *, rate: int = 200, gil: bool = True
+    executable: str, seconds: int, *, rate: int = 200
 ) -> Iterator[list[ThreadSamples]]:
-    """Sample this process with py-spy for ``duration_s`` seconds, every thread.
-
-    ``gil=True`` keeps only the samples of the thread holding the GIL (where a GIL-bound
-    process spends its one core); ``gil=False`` keeps every thread, idle ones included (wall
-    clock). Keep the workload running at least a second longer than ``duration_s`` so that
-    every sample is of it. The list yielded is filled once the block ends; it stays empty when
-    py-spy cannot attach."""
+    """Sample this process's GIL holder with py-spy for ``seconds``. Keep the workload running
+    at least a second longer so that every sample is of it. The list yielded is filled once the
+    block ends; it stays empty when py-spy cannot attach."""
     result: list[ThreadSamples] = []
-    mode = "--gil" if gil else "--idle"
     with tempfile.TemporaryDirectory(prefix="bench-pyspy-") as tmp:
         out = Path(tmp) / "samples.txt"
-        command = [executable, "record", "--pid", str(os.getpid()), "--rate", str(rate)]
-        command += ["--duration", str(duration_s), mode, "--threads", "--nonblocking"]
-        command += ["--format", "raw", "--output", str(out)]
-        proc = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+        spy = start_py_spy(executable, os.getpid(), out, rate=rate, seconds=seconds, mode="gil")
         try:
             yield result
         finally:
-            try:
-                _, err = proc.communicate(timeout=duration_s + 30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                _, err = proc.communicate()
-            if out.exists():
-                result.extend(parse_py_spy_raw(out.read_text()))
-            elif err:
-                progress(f"py-spy failed: {err.decode(errors='replace').strip()[-300:]}")
+            result.extend(parse_py_spy_raw(py_spy_samples(spy, out, seconds + 30)))
 
 
-def parse_py_spy_raw(text: str, n: int = 10) -> list[ThreadSamples]:
-    """Summarise py-spy's raw (collapsed-stack) output per thread."""
+def py_spy_record_pid(executable: str, pid: int, seconds: float, *, rate: int = 100) -> str:
+    """Sample another process's running threads with py-spy for ``seconds``; py-spy's raw text
+    ("" when it could not attach). Blocks for the duration."""
+    with tempfile.TemporaryDirectory(prefix="bench-pyspy-") as tmp:
+        out = Path(tmp) / "samples.txt"
+        spy = start_py_spy(executable, pid, out, rate=rate, seconds=seconds)
+        return py_spy_samples(spy, out, seconds + 30)
+
+
+def parse_py_spy_raw(
+    text: str, n: int = 10, names: Mapping[int, str] | None = None
+) -> list[ThreadSamples]:
+    """Summarise py-spy's raw (collapsed-stack) output per thread (busiest first); ``names``
+    renames threads by their id."""
     leaves: dict[str, Counter[str]] = defaultdict(Counter)
     inclusive: dict[str, Counter[str]] = defaultdict(Counter)
     totals: Counter[str] = Counter()
@@ -515,7 +570,10 @@ def parse_py_spy_raw(text: str, n: int = 10) -> list[ThreadSamples]:
             continue
         count = int(count_text)
         head, *frames = stack.split(";")
-        thread = head.split(": ", 1)[1] if ": " in head else head
+        found = re.match(r"thread \((\d+)\)(?::\s*(.*))?", head)
+        tid = int(found.group(1)) if found else 0
+        named = found.group(2) if found else None
+        thread = (names or {}).get(tid) or named or head.split(": ", 1)[-1]
         thread = re.sub(r"-\d+( \(.*\))?$", "", thread)  # Thread-7 (run) -> Thread
         frames = [_strip_line(f) for f in frames]
         totals[thread] += count
@@ -532,9 +590,9 @@ def parse_py_spy_raw(text: str, n: int = 10) -> list[ThreadSamples]:
 
 
 def _strip_line(frame: str) -> str:
-    """'name (file.py:12)' -> 'name (file.py)', so one function's lines count together."""
+    """'name (/x/src/y.py:12)' -> 'name (y.py)', so one function's lines count together."""
     name, _, where = frame.partition(" (")
-    return f"{name} ({where.rsplit(':', 1)[0]})" if where else name
+    return f"{name} ({_short_path(where.rsplit(':', 1)[0])})" if where else name
 
 
 # -- other processes: CPU, memory, file descriptors, py-spy by pid ------------------------------
@@ -579,35 +637,11 @@ def sample_process(pid: int) -> ProcessSample:
     return ProcessSample(cpu, rss_kb * 1024 / MB, threads, _machine_jiffies(), time.perf_counter())
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process under ``pid`` (children, their children, ...)."""
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        kids: list[int] = []
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{p}/task"):
-                with contextlib.suppress(OSError), open(f"/proc/{p}/task/{task}/children") as f:
-                    kids += [int(k) for k in f.read().split()]
-        out += kids
-        todo += kids
-    return out
-
-
-def _pss_mb(pid: int) -> float:
-    with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024 / MB
-    return 0.0
-
-
 def sample_tree(pid: int) -> ProcessSample:
     """``sample_process`` summed over ``pid`` and its descendants (a server that forks
     workers): CPU, RSS (shared pages counted in each process) and PSS (counted once), and
     every thread of them all."""
-    pids = (pid, *descendants(pid))
+    pids = tuple(tree_pids(pid))
     samples = [sample_process(p) for p in pids]
     threads: dict[int, tuple[str, float]] = {}
     for s in samples:
@@ -618,7 +652,7 @@ def sample_tree(pid: int) -> ProcessSample:
         threads,
         samples[0].machine,
         samples[0].at,
-        sum(_pss_mb(p) for p in pids),
+        sum(_pss(p) for p in pids) / MB,
         pids,
     )
 
@@ -650,36 +684,6 @@ def raise_fd_limit(want: int = 65536) -> int:
         except (ValueError, OSError):
             continue
     return soft
-
-
-def py_spy_record_pid(
-    executable: str, pid: int, duration_s: float, *, rate: int = 100, mode: str = "active"
-) -> str:
-    """Sample another process with py-spy for ``duration_s`` seconds, every thread, and return
-    py-spy's raw (collapsed-stack) text ("" when it could not attach). ``mode``: "active"
-    (samples of threads that were running: where CPU goes), "gil" (only the GIL holder) or
-    "idle" (every thread, waits included). Blocks for the duration."""
-    with tempfile.TemporaryDirectory(prefix="bench-pyspy-") as tmp:
-        out = Path(tmp) / "samples.txt"
-        command = [executable, "record", "--pid", str(pid), "--rate", str(rate)]
-        command += ["--duration", str(max(1, round(duration_s))), "--threads", "--nonblocking"]
-        command += {"gil": ["--gil"], "idle": ["--idle"]}.get(mode, [])
-        command += ["--format", "raw", "--output", str(out)]
-        try:
-            done = subprocess.run(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                timeout=duration_s + 30,
-            )
-        except subprocess.TimeoutExpired:
-            progress("py-spy did not finish in time")
-            return ""
-        if out.exists():
-            return out.read_text()
-        progress(f"py-spy failed: {done.stderr.decode(errors='replace').strip()[-300:]}")
-        return ""
 
 
 # -- an Apache Kafka broker for the Kafka cases ------------------------------------------------

@@ -62,6 +62,7 @@ from _common import (
     Steal,
     Target,
     ThreadSamples,
+    arguments,
     emit_json,
     find_py_spy,
     fmt_number,
@@ -1132,26 +1133,9 @@ def to_json(run: Run) -> dict[str, Any]:
 
 # -- main ---------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, quick="a short run, under 40 s")
     parser.add_argument(
-        "--seconds",
-        type=float,
-        default=None,
-        help="seconds per measured case (default 3, --quick 1)",
-    )
-    parser.add_argument("--quick", action="store_true", help="a short run, under 40 s")
-    parser.add_argument(
-        "--format",
-        choices=("text", "markdown", "json"),
-        default="text",
-        help="text (default), markdown tables, or json on stdout",
-    )
-    parser.add_argument(
-        "--dir",
-        type=Path,
-        default=None,
-        help="parent of the temporary directory (default ./data); it must be on "
-        "the filesystem whose log you want to measure",
+        "--seconds", type=float, default=None, help="seconds per case (default 3, --quick 1)"
     )
     parser.add_argument(
         "--profile",
@@ -1160,7 +1144,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="profile the target cases: when they miss (auto), always, never",
     )
     parser.add_argument("--skip-kafka", action="store_true", help="leave out the kafka backend")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     return parser.parse_args(argv)
 
 

@@ -91,6 +91,7 @@ from _common import (
     ProcessSample,
     Steal,
     Target,
+    arguments,
     bench_directory,
     broker_figures,
     cores_between,
@@ -100,6 +101,7 @@ from _common import (
     kafka_broker,
     machine_busy_between,
     machine_info,
+    parse_py_spy_raw,
     percentile,
     print_table,
     progress,
@@ -1037,50 +1039,6 @@ def _frame_key(frame: str) -> str:
     return f"{path}:{name}"
 
 
-def summarise_threads(raw: str, ticks: int, pid: int) -> list[dict[str, Any]]:
-    """Per thread (busiest first): samples as a share of the window, innermost frames and
-    frames anywhere on the stack."""
-    per_thread: dict[str, Counter[str]] = defaultdict(Counter)
-    leaves: dict[str, Counter[str]] = defaultdict(Counter)
-    totals: Counter[str] = Counter()
-    for line in raw.splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        head, *frames = stack.split(";")
-        found = re.match(r"thread \((\d+)\)(?::\s*(.*))?", head)
-        tid = int(found.group(1)) if found else 0
-        label = (found.group(2) if found and found.group(2) else "") or str(tid)
-        thread = "event loop (main thread)" if tid == pid else label
-        thread = re.sub(r"-\d+( \(.*\))?$", "", thread)
-        frames = [_short_frame(f) for f in frames]
-        totals[thread] += count
-        if frames:
-            leaves[thread][frames[-1]] += count
-        for f in set(frames):
-            per_thread[thread][f] += count
-    return [
-        {
-            "thread": thread,
-            "busy": n / ticks if ticks else float("nan"),
-            "samples": n,
-            "leaves": leaves[thread].most_common(10),
-            "inclusive": per_thread[thread].most_common(16),
-        }
-        for thread, n in totals.most_common()
-    ]
-
-
-def _short_frame(frame: str) -> str:
-    name, _, where = frame.partition(" (")
-    path = where.rsplit(":", 1)[0]
-    for marker in ("site-packages/", "/src/", "lib/python3.11/"):
-        if marker in path:
-            path = path.split(marker, 1)[1]
-    return f"{name} ({path})" if path else name
-
-
 def profile_collector(
     run: Run, collector: Collector, connections: int, py_spy: str | None
 ) -> ProfileFigure:
@@ -1109,7 +1067,17 @@ def profile_collector(
         figure.note = "py-spy could not sample the collector"
         return figure
     ticks = seconds * PY_SPY_RATE
-    figure.threads = summarise_threads(text, ticks, collector.pid)
+    main = {collector.pid: "event loop (main thread)"}
+    figure.threads = [
+        {
+            "thread": t.thread,
+            "busy": t.samples / ticks,
+            "samples": t.samples,
+            "leaves": t.leaves,
+            "inclusive": t.inclusive,
+        }
+        for t in parse_py_spy_raw(text, 16, main)
+    ]
     figure.categories = stage_shares(text, collector.pid)
     return figure
 
@@ -1508,22 +1476,9 @@ def to_json(run: Run) -> dict[str, Any]:
 
 # -- main -----------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run, under 60 s")
+    parser = arguments(__doc__, quick="a smoke run, under 60 s")
     parser.add_argument(
         "--seconds", type=float, default=None, help="WebSocket window (default 10, --quick 3)"
-    )
-    parser.add_argument(
-        "--format",
-        choices=("text", "markdown", "json"),
-        default="text",
-        help="text (default), markdown tables, or json on stdout",
-    )
-    parser.add_argument(
-        "--dir",
-        type=Path,
-        default=None,
-        help="parent of the temporary directory (default ./data)",
     )
     parser.add_argument(
         "--profile",
@@ -1551,7 +1506,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the gRPC load's client: a hand-written HTTP/2 client sending pre-built frames "
         "(raw, default, like the WebSocket and REST loads) or grpc.aio's own (aio)",
     )
-    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     # internal: the child processes' roles
     parser.add_argument(
         "--role",

@@ -53,6 +53,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
+    arguments,
     bench_directory,
     emit_json,
     machine_info,
@@ -81,12 +82,9 @@ BATCH = 1000
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = arguments(__doc__, quick="10,000 of each, 5 loads a page.", markdown=False, keep=False)
     p.add_argument("--events", type=int, default=100_000)
     p.add_argument("--loads", type=int, default=20, help="Loads of each page.")
-    p.add_argument("--quick", action="store_true", help="10,000 of each, 5 loads a page.")
-    p.add_argument("--dir", type=Path, default=None)
-    p.add_argument("--format", choices=["text", "json"], default="text")
     args = p.parse_args(argv)
     if args.quick:
         args.events, args.loads = 10_000, 5

@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import print_table, progress, scratch_directory, serve_app, serving_child
+from _common import arguments, print_table, progress, scratch_directory, serve_app, serving_child
 from headwater.testing.load.http1 import post_concurrently
 
 PIPELINE_TOPIC = "events-delivery"
@@ -346,7 +346,7 @@ def pipeline_cases(args: argparse.Namespace, directory: Path) -> list[list[str]]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, output=False)
     parser.add_argument("--role", choices=["receiver"])
     parser.add_argument("--port-file", type=Path)
     parser.add_argument("--events", type=int, default=3_000_000)
@@ -356,8 +356,6 @@ def main() -> None:
     parser.add_argument("--pipeline-events", type=int, default=500_000)
     parser.add_argument("--skip-task", action="store_true")
     parser.add_argument("--skip-pipeline", action="store_true")
-    parser.add_argument("--dir", type=Path, default=None)
-    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
     if args.role == "receiver":
         receiver_main(args.port_file, args.delay_ms)

@@ -78,6 +78,7 @@ from typing import TYPE_CHECKING, Any
 
 from _common import (
     TreeRss,
+    arguments,
     bench_directory,
     broker_figures,
     emit_json,
@@ -578,7 +579,7 @@ def maybe_kafka(wanted: bool) -> Iterator[KafkaCluster | None]:
 
 # -- the run --------------------------------------------------------------------------------------
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, markdown=False)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--fixed-events", type=int, default=1_000)
     parser.add_argument("--rate", type=float, default=5000.0)
@@ -625,9 +626,6 @@ def main() -> None:
         help="kafka: the batch DuckDB case read from an Apache Kafka broker through Spark's "
         "Kafka connector, and in the same run from the embedded log (nothing else)",
     )
-    parser.add_argument("--dir", type=Path, default=None)
-    parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--format", choices=["text", "json"], default="text")
     args = parser.parse_args()
     if args.bus == "kafka":  # the comparison alone: the other cases read the embedded log only
         if args.skip_batch:

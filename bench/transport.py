@@ -79,6 +79,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     MB,
     ProcessSample,
+    arguments,
     bench_directory,
     emit_json,
     find_py_spy,
@@ -88,7 +89,9 @@ from _common import (
     peak_rss,
     print_table,
     progress,
+    py_spy_samples,
     sample_process,
+    start_py_spy,
 )
 from headwater.transport.postgres.reader import lsn_text
 
@@ -526,7 +529,7 @@ def run_reader(
         lines = Lines(proc)
         lines.expect("ready", 60)
         if py_spy:
-            spy = start_py_spy(py_spy, proc.pid, samples)
+            spy = start_py_spy(py_spy, proc.pid, samples, rate=PY_SPY_RATE)
         walsender = WalsenderCpu(source, slot)
         first: ProcessSample = sample_process(proc.pid)
         started = time.perf_counter()
@@ -549,7 +552,7 @@ def run_reader(
         proc.stdin.flush()
         done = lines.expect("done", 90)
         reap(proc, 60)
-        raw = finish_py_spy(spy, samples) if spy else ""
+        raw = py_spy_samples(spy, samples, 30) if spy else ""
     finally:
         stop_process(proc)
         if spy is not None:
@@ -575,24 +578,6 @@ def run_reader(
         log_records=done["records"],
     )
     return run, raw
-
-
-def start_py_spy(executable: str, pid: int, out: Path) -> subprocess.Popen[bytes]:
-    """py-spy sampling ``pid`` (running threads only) until it exits."""
-    command = [executable, "record", "--pid", str(pid), "--rate", str(PY_SPY_RATE), "--threads"]
-    command += ["--nonblocking", "--format", "raw", "--output", str(out)]
-    return subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-
-
-def finish_py_spy(spy: subprocess.Popen[bytes], out: Path) -> str:
-    """py-spy's samples once the process it sampled has exited."""
-    if reap(spy, 30) is None:
-        with contextlib.suppress(ProcessLookupError):
-            spy.send_signal(signal.SIGINT)  # it writes what it has on SIGINT
-        reap(spy, 10)
-    return out.read_text() if out.exists() else ""
 
 
 # -- a whole run ------------------------------------------------------------------------------
@@ -839,13 +824,12 @@ def where_the_time_goes(result: dict[str, Any]) -> list[str]:
 
 # -- main -------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, quick="20,000 changes a scenario", keep=False)
     parser.add_argument("--role", choices=["reader"], help=argparse.SUPPRESS)
     parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
     parser.add_argument(
         "--changes", type=int, default=None, help="changes a scenario (default 200,000)"
     )
-    parser.add_argument("--quick", action="store_true", help="20,000 changes a scenario")
     parser.add_argument("--txn-rows", type=int, default=1000, help="rows per transaction")
     parser.add_argument("--dsn", default=None, help="a server of yours (default: a throwaway one)")
     parser.add_argument(
@@ -853,12 +837,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--no-mirror", action="store_true", help="no effect: the DuckDB mirror was removed"
-    )
-    parser.add_argument(
-        "--format", choices=("text", "markdown", "json"), default="text", help="output format"
-    )
-    parser.add_argument(
-        "--dir", type=Path, default=None, help="parent of the temporary directory (./data)"
     )
     args = parser.parse_args(argv)
     if args.changes is None:

@@ -52,6 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
+    arguments,
     emit_json,
     machine_info,
     percentile,
@@ -306,16 +307,12 @@ def report(results: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, quick="5,000 messages", markdown=False)
     parser.add_argument("--role", choices=["receiver", "headwater-embedded", "headwater-redis"])
     parser.add_argument("--port-file", type=Path)
     parser.add_argument("--config", type=Path)
-    parser.add_argument("--quick", action="store_true")
     parser.add_argument("--messages", type=int, default=0)
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--dir", type=Path, default=None)
-    parser.add_argument("--format", choices=["text", "json"], default="text")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
     if args.role == "receiver":
         receiver_main(args.port_file)
