@@ -92,6 +92,16 @@ class MessageState:
     history: tuple[Transition, ...] = field(default_factory=tuple)
     attempts: tuple[Attempt, ...] = field(default_factory=tuple)
 
+    @classmethod
+    def arrived(
+        cls, source_id: str, message_id: str, receiver: str, payload: bytes, now: float
+    ) -> MessageState:
+        """A message just recorded as ARRIVED at ``now``, as ``StateStore.arrive`` records it."""
+        history = (Transition(Status.ARRIVED, now),)
+        return cls(
+            source_id, message_id, receiver, Status.ARRIVED, payload, now, now, history=history
+        )
+
     @property
     def key(self) -> tuple[str, str]:
         return (self.source_id, self.message_id)

@@ -347,11 +347,7 @@ class RedisState(StateStore):
         args = [receiver, Status.ARRIVED.value, payload, repr(now), entry]
         args += [self.prefix, source_id, f"{source_id}{SEP}{message_id}"]
         if self._arrive(keys=[message, history, f"{self.prefix}lrs"], args=args):
-            history_ = (Transition(Status.ARRIVED, now),)
-            new = MessageState(
-                source_id, message_id, receiver, Status.ARRIVED, payload, now, now, history=history_
-            )
-            return True, new
+            return True, MessageState.arrived(source_id, message_id, receiver, payload, now)
         state = self.get(source_id, message_id)
         assert state is not None
         return False, state

@@ -272,16 +272,7 @@ class SqliteState(StateStore):
                     (source_id, message_id, receiver, arrived, payload, now, now, history),
                 ).rowcount
                 if inserted:
-                    state = MessageState(
-                        source_id,
-                        message_id,
-                        receiver,
-                        Status.ARRIVED,
-                        payload,
-                        now,
-                        now,
-                        history=(Transition(Status.ARRIVED, now),),
-                    )
+                    state = MessageState.arrived(source_id, message_id, receiver, payload, now)
                     out.append((True, state))
                 else:
                     existing = self._read(c, source_id, message_id)
