@@ -51,26 +51,29 @@ def listen_address(section: Listens, host: str | None, port: int | None) -> tupl
 
 @dataclass
 class RoleRun:
-    """What a running role holds: its bus, and its webhook state once opened."""
+    """What a running role holds: the event that stops it, its bus, and its webhook state once
+    opened."""
 
+    stop: asyncio.Event
     bus: Bus
     store: StateStore | None = None
 
 
 @asynccontextmanager
 async def role_running(
-    stop: asyncio.Event, open_: Callable[[], Awaitable[Bus]], echo: Echo
+    stop: asyncio.Event | None, open_: Callable[[], Awaitable[Bus]], echo: Echo
 ) -> AsyncIterator[RoleRun]:
-    """A role's start-up and shut-down: SIGTERM and SIGINT set ``stop``, and the bus ``open_``
-    gives is opened (the handlers removed again when that fails); on the way out, ``close_role``
-    (with the state the role put in ``store``)."""
+    """A role's start-up and shut-down: SIGTERM and SIGINT set ``stop`` (a new event if None),
+    and the bus ``open_`` gives is opened (the handlers removed again when that fails); on the
+    way out, ``close_role`` (with the state the role put in ``store``)."""
+    stop = stop or asyncio.Event()
     installed = stop_on_signals(stop)
     try:
         bus = await open_()
     except BaseException:
         remove_signals(installed)
         raise
-    run = RoleRun(bus)
+    run = RoleRun(stop, bus)
     try:
         yield run
     finally:

@@ -31,7 +31,6 @@ async def serve_console(
 ) -> None:
     """``headwater console`` until SIGTERM or ``stop``."""
     require_tokens(config)
-    stop = stop or asyncio.Event()
 
     async def opening() -> Bus:
         if config.bus.backend == "embedded":
@@ -47,4 +46,4 @@ async def serve_console(
         listen = listen_address(config.console, host, port)
         async with console_site(console, *listen) as url:
             echo(f"headwater: console at {url}/ (health at {url}/healthz)")
-            await until_stopped(stop, echo, "headwater: console ready (stop with SIGTERM)")
+            await until_stopped(run.stop, echo, "headwater: console ready (stop with SIGTERM)")

@@ -34,7 +34,6 @@ async def serve_transport(
 
     if not config.transport.readers:
         raise BadInput("transport.readers is empty: there is nothing to read")
-    stop = stop or asyncio.Event()
     opening = partial(open_role_bus, config, "transport readers", "reader processes")
     async with role_running(stop, opening, echo) as run:
         readers = Readers(config, run.bus)
@@ -45,9 +44,9 @@ async def serve_transport(
 
         listen = listen_address(config.transport, host, port)
         async with health_site(config, listen, healthz, echo):
-            task = asyncio.create_task(readers.run(stop), name="transport")
+            task = asyncio.create_task(readers.run(run.stop), name="transport")
             names = ", ".join(readers.names)
             await until_stopped(
-                stop, echo, f"headwater: transport ready (readers: {names}; stop with SIGTERM)"
+                run.stop, echo, f"headwater: transport ready (readers: {names}; stop with SIGTERM)"
             )
             await task

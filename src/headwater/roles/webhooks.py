@@ -36,7 +36,6 @@ async def serve_webhooks(
 
     if not config.webhooks.receivers:
         raise BadInput("webhooks.receivers is empty: there is nothing for the workers to do")
-    stop = stop or asyncio.Event()
     opening = partial(open_role_bus, config, "webhook workers", "worker processes")
     async with role_running(stop, opening, echo) as run:
         ready = False
@@ -47,13 +46,13 @@ async def serve_webhooks(
         store = run.store = await asyncio.to_thread(open_state, config)
         async with health_site(config, listen_address(config.webhooks, host, port), healthz, echo):
             workers = Workers(config.webhooks, run.bus, store)
-            task = asyncio.create_task(workers.run(stop), name="webhooks")
-            task.add_done_callback(lambda _: stop.set())
+            task = asyncio.create_task(workers.run(run.stop), name="webhooks")
+            task.add_done_callback(lambda _: run.stop.set())
             await asyncio.to_thread(workers.create_topics)
             ready = True
             names = ", ".join(r.name for r in config.webhooks.receivers)
             await until_stopped(
-                stop,
+                run.stop,
                 echo,
                 f"headwater: webhook workers ready (receivers: {names}; stop with SIGTERM)",
             )
