@@ -1,4 +1,4 @@
-"""Benchmark of the bus: the embedded commit log and the Kafka backend, against the raw disk.
+"""Benchmark of the bus: the embedded commit log against the raw disk.
 
 Run from the repository root::
 
@@ -23,15 +23,14 @@ so the log and the disk reference share a filesystem):
   sends the appends each appender process makes in one turn of its loop to one partition as
   one merged batch, up to 256 KiB, as it does for the collector's workers: each append is
   still answered on its own, once durable.)
-* the Kafka backend against Apache Kafka (KRaft, on loopback): one broker with the default
-  flush policy, one broker fsyncing every append, and three brokers (replication factor 3,
-  ``min.insync.replicas`` 2), all with acks=all.
+
 
 Targets: ``always`` appends with 64 appenders reach at least 50% of the raw disk MB/s, and reads
 reach at least 1M records/s. A miss is profiled (cProfile on every thread, and py-spy when it is
 installed) and the top costs are printed. (Fewer appenders, the ``interval`` policy, OS
-threads and 4 partitions measured no target and were left out; see git history.) This is not
-a test: it always exits 0 unless it fails.
+threads, 4 partitions and the Kafka backend measured no target and were left out; see git
+history; the Kafka bus is measured against its target by ``bench/pipeline.py --bus kafka``.)
+This is not a test: it always exits 0 unless it fails.
 """
 
 from __future__ import annotations
@@ -54,7 +53,6 @@ from typing import Any
 import uvloop
 
 from _common import (
-    KAFKA_JVM,
     MB,
     AllThreadsProfile,
     Meter,
@@ -72,6 +70,7 @@ from _common import (
     print_table,
     progress,
     py_spy_record,
+    sample_process,
     scratch_directory,
 )
 from headwater.bus.base import Bus
@@ -81,7 +80,6 @@ from headwater.bus.embedded.config import EmbeddedBusConfig
 from headwater.bus.embedded.segment import Segment
 from headwater.bus.errors import BusUnavailable
 from headwater.bus.records import Message
-from headwater.jvm.maven import KAFKA_VERSION
 
 RECORD_BYTES = 200
 BATCH_RECORDS = 100
@@ -114,7 +112,6 @@ class AppendFigure:
     process_cores: float
     machine_busy: float
     refused: int = 0
-    broker_cores: float | None = None
     ratio_to_raw: float | None = None
     ratio_to_mirror: float | None = None
 
@@ -164,7 +161,6 @@ class ReadFigure:
     passes: int
     whole_topic: bool
     process_cores: float
-    broker_cores: float | None = None
 
     @property
     def records_per_s(self) -> float:
@@ -367,7 +363,7 @@ def _append_processes(
     meter = Meter()
     fsync0 = syncs.count if syncs else 0
     pids = [pid for pid, _ in children]
-    cpu0 = _process_cpu_s(pids)
+    cpu0 = sum(sample_process(p).cpu_s for p in pids)
     meter.start()
     os.write(go_w, b"x" * LINK_PROCESSES)
     outcomes: list[tuple[int, list[float], int]] = []
@@ -379,7 +375,7 @@ def _append_processes(
         done, latencies, refused = json.loads(b"".join(chunks))
         outcomes.append((done, latencies, refused))
     meter.stop()
-    cpu = _process_cpu_s(pids) - cpu0
+    cpu = sum(sample_process(p).cpu_s for p in pids) - cpu0
     for pid in pids:
         os.waitpid(pid, 0)
     os.close(go_r)
@@ -440,7 +436,6 @@ def measure_appends(
     batch: list[Message],
     disk_bytes: int,
     syncs: SyncCounter | None = None,
-    broker_pids: Sequence[int] = (),
 ) -> tuple[AppendFigure, str]:
     """One append case on a fresh topic; returns the figure and the topic's name."""
     topic = re.sub(r"[^A-Za-z0-9._-]", "-", f"bench-{policy}-{appenders}-{mode}-{partitions}p")
@@ -459,11 +454,7 @@ def measure_appends(
         return uvloop.run(_append_tasks(bus, topic, batch, appenders, span, syncs))
 
     run(warmup)
-    broker0 = _process_cpu_s(broker_pids)
     window = run(seconds)
-    broker_cores = None
-    if broker_pids:
-        broker_cores = (_process_cpu_s(broker_pids) - broker0) / window.meter.wall_s
     figure = AppendFigure(
         backend=backend,
         policy=policy,
@@ -479,7 +470,6 @@ def measure_appends(
         latency_p99_ms=percentile(window.latencies, 99) * 1000,
         process_cores=window.meter.process_cores + appender_cores[0],
         machine_busy=window.meter.machine_busy,
-        broker_cores=broker_cores,
         refused=window.refused,
     )
     progress(
@@ -487,19 +477,6 @@ def measure_appends(
         f"{fmt_number(figure.payload_mb_s)} MB/s, p99 {fmt_number(figure.latency_p99_ms)} ms"
     )
     return figure, topic
-
-
-def _process_cpu_s(pids: Sequence[int]) -> float:
-    """CPU seconds (user + system) other processes have used so far, from /proc."""
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
 
 
 def read_topic(
@@ -533,11 +510,9 @@ def measure_read(
     *,
     min_seconds: float,
     max_seconds: float,
-    broker_pids: Sequence[int] = (),
 ) -> ReadFigure:
     os.sync()  # no writeback of the appends competing with the read
     meter = Meter()
-    broker0 = _process_cpu_s(broker_pids)
     meter.start()
     records, _, whole = read_topic(bus, topic, 0, min_seconds=min_seconds, max_seconds=max_seconds)
     meter.stop()
@@ -550,9 +525,6 @@ def measure_read(
         passes=max(1, records // max(1, high - low)),
         whole_topic=whole,
         process_cores=meter.process_cores,
-        broker_cores=(
-            (_process_cpu_s(broker_pids) - broker0) / meter.wall_s if broker_pids else None
-        ),
     )
     progress(
         f"  read {backend} {topic}: {fmt_number(figure.records_per_s)} records/s "
@@ -727,7 +699,6 @@ class Run:
     targets: list[Target] = field(default_factory=list)
     profiles: list[Profile] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    kafka_error: str | None = None
     steal: Steal = field(default_factory=Steal)
 
 
@@ -809,76 +780,6 @@ def disk_phase(run: Run) -> None:
         mirror = run.mirrors.get(figure.case)
         if mirror is not None:
             figure.ratio_to_mirror = figure.disk_mb_s / mirror.mb_s
-
-
-# The Kafka clusters measured: (label, brokers, log.flush.interval.messages). Kafka
-# acknowledges acks=all once every in-sync replica has the records in its page cache; by
-# default it never fsyncs before that (durability from replication). "flush=1" makes each
-# broker fsync every append before it acknowledges, the embedded log's "always".
-KAFKA_CLUSTERS = (
-    ("1 broker, flush by the OS", 1, None),
-    ("1 broker, flush=1", 1, 1),
-    ("3 brokers, RF 3, min ISR 2, flush by the OS", 3, None),
-)
-
-
-def kafka_phase(run: Run) -> None:
-    try:
-        from headwater.bus.config import BusConfig
-        from headwater.bus.kafka.backend import KafkaBus
-        from headwater.bus.kafka.config import KafkaBusConfig
-        from headwater.config.model import HeadwaterConfig
-        from headwater.testing.kafka import start_kafka
-    except ImportError as e:
-        run.kafka_error = f"the kafka backend could not be imported: {e}"
-        progress(run.kafka_error)
-        return
-    for label, brokers, flush in KAFKA_CLUSTERS:
-        progress(f"kafka backend against Apache Kafka: {label}")
-        try:
-            with start_kafka(brokers, flush_messages=flush, jvm_options=KAFKA_JVM) as kafka:
-                config = HeadwaterConfig(
-                    bus=BusConfig(
-                        backend="kafka",
-                        kafka=KafkaBusConfig(
-                            bootstrap_servers=kafka.bootstrap_servers,
-                            default_partitions=1,
-                            replication_factor=min(3, brokers),
-                        ),
-                    )
-                )
-                pids = [n.process.pid for n in kafka.nodes if n.process is not None]
-                with KafkaBus.from_config(config) as bus:
-                    topic = ""
-                    for appenders in (1, 64):
-                        figure, topic = measure_appends(
-                            bus,
-                            backend="kafka",
-                            policy=f"acks=all; {label}",
-                            appenders=appenders,
-                            mode="asyncio",
-                            partitions=1,
-                            seconds=run.seconds,
-                            warmup=run.warmup,
-                            batch=run.batch,
-                            disk_bytes=run.disk_bytes,
-                            broker_pids=pids,
-                        )
-                        run.appends.append(figure)
-                    if brokers == 1 and flush is None:
-                        run.reads.append(
-                            measure_read(
-                                bus,
-                                "kafka",
-                                topic,
-                                min_seconds=0.0,
-                                max_seconds=run.seconds * 2,
-                                broker_pids=pids,
-                            )
-                        )
-        except Exception as e:  # report it and keep the other figures
-            run.kafka_error = f"{label}: {type(e).__name__}: {e}"
-            progress(f"kafka phase failed: {run.kafka_error}")
 
 
 def _primary(run: Run) -> AppendFigure | None:
@@ -984,7 +885,7 @@ def append_rows(run: Run) -> tuple[list[str], list[list[object]]]:
                 f.appends_per_fsync,
                 f.latency_p50_ms,
                 f.latency_p99_ms,
-                f.process_cores + (f.broker_cores or 0.0),
+                f.process_cores,
                 f"{f.machine_busy:.0%}",
             ]
         )
@@ -1016,7 +917,7 @@ def report(run: Run, markdown: bool = False) -> str:
         "",
         "appends (MB/s = record payload, 200 B x records/s; x raw = that / the raw disk's "
         "1 MiB + fdatasync MB/s; x mirror = bytes the log wrote / the mirror of its pattern; "
-        "cores = CPU of this process (+ the broker's for kafka); machine = all CPUs busy):",
+        "cores = CPU of this process; machine = all CPUs busy):",
     ]
     headers, rows = append_rows(run)
     out.append(print_table(headers, rows, markdown=markdown))
@@ -1033,7 +934,7 @@ def report(run: Run, markdown: bool = False) -> str:
             r.payload_mb_s,
             f"{r.records:,}",
             "yes" if r.whole_topic else "no (time cap)",
-            r.process_cores + (r.broker_cores or 0.0),
+            r.process_cores,
         ]
         for r in run.reads
     ]
@@ -1045,16 +946,6 @@ def report(run: Run, markdown: bool = False) -> str:
         )
     )
     out.append("")
-    if run.kafka_error:
-        out.append(f"kafka: not measured: {run.kafka_error}")
-    else:
-        out.append(
-            "kafka: Apache Kafka "
-            f"{KAFKA_VERSION} in KRaft mode on loopback, sharing the 2 cores with this process "
-            "(broker cores in the table); acks=all. 'flush by the OS': the broker's default "
-            "log.flush policy (no fsync before the ack; durability from replication); "
-            "'flush=1': log.flush.interval.messages=1, an fsync per append before the ack."
-        )
     out += ["", "targets:"]
     out += [f"  {t.verdict()}" for t in run.targets]
     for profile in run.profiles:
@@ -1125,7 +1016,6 @@ def to_json(run: Run) -> dict[str, Any]:
         "raw_disk_reference_mb_s": run.raw.mb_s if run.raw else None,
         "appends": [f.as_dict() for f in run.appends],
         "reads": [r.as_dict() for r in run.reads],
-        "kafka_error": run.kafka_error,
         "targets": [t.as_json() for t in run.targets],
         "profiles": [asdict(p) for p in run.profiles],
     }
@@ -1143,7 +1033,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="auto",
         help="profile the target cases: when they miss (auto), always, never",
     )
-    parser.add_argument("--skip-kafka", action="store_true", help="leave out the kafka backend")
+    parser.add_argument(
+        "--skip-kafka",
+        action="store_true",
+        help="no effect: the Kafka backend is no longer measured here",
+    )
     return parser.parse_args(argv)
 
 
@@ -1165,8 +1059,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress(f"benchmark directory {directory}")
         embedded_phase(run)
         disk_phase(run)
-        if not args.skip_kafka:
-            kafka_phase(run)
         check_targets(run)
         misses_append = any(not t.passed and t.name.startswith("durable") for t in run.targets)
         if args.profile == "always" or (args.profile == "auto" and misses_append):

@@ -23,14 +23,15 @@ with a load generator next to it, and the generators' CPU is printed beside them
 Workload: Raccoon ``SendEventRequest``s of 100 events of 200 bytes (type ``click``; 21,351
 bytes as protobuf), each with its own ``req_guid``. What is measured, in one run:
 
-1. WebSocket, ``ack: durable`` and ``ack: received``, 1, 100 and 1,000 connections (``--quick``:
+1. WebSocket, ``ack: durable``, 1, 100 and 1,000 connections (``--quick``:
    1 and 100), each connection with its own ``X-User-ID`` and at most 4 requests in flight,
    sending the next as soon as one is acked (closed loop: saturation); 10 s after 2 s of warm-up
-   (``--quick``: 3 s after 1 s). Then, durable, a paced run at 100k events/s (the target) over
-   the largest connection count, and one at half of what the collector sustained there: the ack
-   latency at (and below) the target load. Figures: events/s, ack latency p50/p95/p99 (send to
-   ack, measured by the client), the collector's CPU (all threads, and its event-loop thread
-   alone), CPU per event, its RSS, the generator's CPU, the whole machine's.
+   (``--quick``: 3 s after 1 s). Then a paced run at 100k events/s (the target) over the
+   largest connection count: the ack latency at the target load. (``ack: received`` and a paced
+   run at half the sustained rate measured no target and were left out.) Figures: events/s,
+   ack latency p50/p95/p99 (send to ack, measured by the client), the collector's CPU (all
+   threads, and its event-loop thread alone), CPU per event, its RSS, the generator's CPU, the
+   whole machine's.
 2. REST ``POST /api/v1/events`` (``application/proto``, keep-alive, 50 concurrent) and
 3. gRPC ``EventService/SendEvent`` (50 concurrent calls on one HTTP/2 connection, as one
    client channel carries them), both with ``ack: durable``.
@@ -60,7 +61,7 @@ partitions, as on the log), appending to one Apache Kafka broker
 after the embedded cases and stopped after its own. It prints both figures per case and the
 ratio Kafka / embedded, with the broker's CPU (it shares the 2 cores with the collector and the
 generators) and its peak RSS (VmHWM). Nothing else runs in that mode (the raw log, the paced
-runs, ``ack: received``, the idle connections and py-spy profiles: a default run has them); the
+runs, the idle connections and py-spy profiles: a default run has them); the
 targets printed are issue 3's, on the embedded log's figures.
 """
 
@@ -329,7 +330,7 @@ def role_collector(args: argparse.Namespace) -> None:
         os._exit(5)
 
     threading.Thread(target=guard, name="bench-guard", daemon=True).start()
-    gc_meter(Path(args.config).parent, args.collector_gc)
+    gc_meter(Path(args.config).parent)
     from headwater.cli.main import cli
 
     command = ["--config", args.config, "collector", "--port", "0", "--grpc-port", "0"]
@@ -339,11 +340,11 @@ def role_collector(args: argparse.Namespace) -> None:
 GC_STATS_GLOB = "gc-stats-*.json"
 
 
-def gc_meter(directory: Path, mode: str) -> None:
+def gc_meter(directory: Path) -> None:
     """Time Python's cyclic garbage collector in this process and in every process it forks
     (the intake workers): ``gc.callbacks``, seconds and collections per generation, and seconds
     on the main thread, written to ``gc-stats-<pid>.json`` every 0.2 s for the benchmark to
-    read. ``mode`` "off" disables the collector (an experiment)."""
+    read."""
     import gc
 
     totals: dict[str, Any] = {}
@@ -366,16 +367,6 @@ def gc_meter(directory: Path, mode: str) -> None:
             totals["main_s"] += spent
 
     gc.callbacks.append(callback)
-    if mode == "off":
-        gc.disable()
-    elif mode == "freeze":  # what the collector imports, then everything so far out of reach
-        import headwater.collector.server
-        import headwater.roles.up  # noqa: F401
-
-        gc.collect()
-        gc.freeze()
-    elif mode.startswith("threshold="):
-        gc.set_threshold(*(int(x) for x in mode.split("=", 1)[1].split(",")))
 
     def write() -> None:
         path = directory / GC_STATS_GLOB.replace("*", str(os.getpid()))
@@ -450,11 +441,6 @@ class Collector:
                     total["count"][i] += stats["count"][i]
                 total["main_s"] += stats["main_s"]
         return total
-
-    def log_tail(self, size: int = 800) -> str:
-        self.log.seek(0, os.SEEK_END)
-        self.log.seek(max(0, self.log.tell() - size))
-        return self.log.read().decode(errors="replace").strip()
 
 
 CHILDREN: list[subprocess.Popen[bytes]] = []
@@ -539,7 +525,6 @@ def start_collector(
     ack: str,
     max_seconds: float,
     *,
-    gc_mode: str = "on",
     kafka: KafkaCluster | None = None,
 ) -> Collector:
     """A collector on the embedded log, or on ``kafka``'s broker when given."""
@@ -559,9 +544,7 @@ def start_collector(
     )
     log = open(data_dir / "collector.log", "w+b")  # noqa: SIM115 (closed in stop_collector)
     proc = spawn(
-        role_command(
-            "collector", config=config, max_seconds=round(max_seconds), collector_gc=gc_mode
-        ),
+        role_command("collector", config=config, max_seconds=round(max_seconds)),
         stderr=log,
     )
     port = grpc_port = 0
@@ -1135,25 +1118,10 @@ def measure(run: Run) -> None:
         run.loads += closed_cases(run, collector)
         largest = run.connections[-1]
         run.loads.append(websocket_case(run, collector, largest, TARGET_PACED_EVENTS_S))
-        sustained = next(
-            f.events_per_s for f in run.loads if f.connections == largest and f.load == "closed"
-        )
-        half = max(1_000.0, round(sustained / 2, -3))
-        if half < TARGET_PACED_EVENTS_S:
-            run.loads.append(websocket_case(run, collector, largest, half))
         run.loads += http_cases(run, collector)
         missed = not all(t.passed for t in targets(run.loads, None))
         if args.profile == "always" or (args.profile == "auto" and missed):
             run.profiles.append(profile_collector(run, collector, largest, py_spy))
-    finally:
-        stop_collector(collector)
-
-    # (1) received
-    collector = start_collector(run.directory, "received", phase_s)
-    try:
-        run.loads += closed_cases(run, collector)
-        if args.profile == "always":
-            run.profiles.append(profile_collector(run, collector, run.connections[-1], py_spy))
     finally:
         stop_collector(collector)
 
@@ -1513,7 +1481,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=argparse.SUPPRESS,
     )
     parser.add_argument("--config", help=argparse.SUPPRESS)
-    parser.add_argument("--collector-gc", default="on", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--connections", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
