@@ -168,5 +168,9 @@ def show_value(value: Any) -> str:
     """A client's value for an error message, kept short: a string quoted, else its kind."""
     if isinstance(value, str):
         return repr(value[:60])
-    kind = json_kind(value)
+    return with_article(json_kind(value))
+
+
+def with_article(kind: str) -> str:
+    """A :func:`json_kind` with its article: "a number", "an object"."""
     return ("an " if kind[0] in "ao" else "a ") + kind

@@ -48,6 +48,7 @@ from google.protobuf.message import DecodeError, Message
 from headwater.collector.config import LimitsConfig
 from headwater.collector.errors import Code, Rejected, bad_request
 from headwater.collector.events import EventIn, Intake, event_type
+from headwater.collector.protocols.body import json_kind, with_article
 
 __all__ = [
     "CONTENT_TYPE",
@@ -447,17 +448,8 @@ _URLSAFE: Final = str.maketrans("-_", "+/")
 
 
 def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
+    """``value``'s JSON type for an error message: "null", "a number", "an array"..."""
+    return "null" if value is None else with_article(json_kind(value))
 
 
 def decode_request_json(data: bytes | str, limits: LimitsConfig) -> Intake:
