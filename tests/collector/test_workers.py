@@ -27,7 +27,13 @@ from headwater.bus import open_bus
 from headwater.collector.protocols import raccoon
 from headwater.config.loader import load_config
 from headwater.testing import clients
-from headwater.testing.clients import OP_BINARY, RawWebSocket, raccoon_request, raccoon_response
+from headwater.testing.clients import (
+    OP_BINARY,
+    HttpConnection,
+    RawWebSocket,
+    raccoon_request,
+    raccoon_response,
+)
 from headwater.testing.collector import CollectorProcess
 from headwater.testing.kafka import KafkaCluster
 from headwater.testing.proc_tree import tree_pids
@@ -128,60 +134,25 @@ def fd_targets(pid: int) -> set[str]:
 # -- clients --------------------------------------------------------------------------------
 
 
-class Http:
-    """One keep-alive HTTP/1.1 connection on raw streams (its client port is known)."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.port: int = writer.get_extra_info("sockname")[1]
-
-    @classmethod
-    async def open(cls, port: int) -> Http:
-        return cls(*await asyncio.open_connection(HOST, port))
-
-    async def request(self, method: str, path: str, body: bytes = b"") -> clients.RawResponse:
-        """The answer (``OSError`` when the connection fails first)."""
-        self.writer.write(
-            f"{method} {path} HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/proto\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        await self.writer.drain()
-        response = await clients.read_response(self.reader, ANSWER_S)
-        if response is None:
-            raise ConnectionResetError(f"no answer to {method} {path}")
-        return response
-
-    async def post(self, guid: str, values: list[bytes], event_type: str = TYPE) -> bool:
-        """A Raccoon REST batch; True once acked."""
-        body = raccoon_request(guid, [(event_type, v) for v in values])
-        r = await self.request("POST", "/api/v1/events", body)
-        return r.status == 200 and raccoon_response(r.body).status == SUCCESS
-
-    async def metrics(self) -> str:
-        r = await self.request("GET", "/metrics")
-        assert r.status == 200, r
-        return r.body.decode()
-
-    async def close(self) -> None:
-        await clients.close_writer(self.writer)
+async def http_open(port: int) -> HttpConnection:
+    return await HttpConnection.open(HOST, port, timeout=ANSWER_S, event_type=TYPE)
 
 
-async def per_worker(c: Running, each: int) -> dict[int, list[Http]]:
+async def per_worker(c: Running, each: int) -> dict[int, list[HttpConnection]]:
     """At least ``each`` open HTTP connections served by every worker (the kernel spreads new
     connections by a hash of their addresses: a few more than needed get there)."""
-    by_worker: dict[int, list[Http]] = {pid: [] for pid in c.workers()}
+    by_worker: dict[int, list[HttpConnection]] = {pid: [] for pid in c.workers()}
     for _ in range(64):
         if all(len(conns) >= each for conns in by_worker.values()):
             return by_worker
-        conn = await Http.open(c.port)
+        conn = await http_open(c.port)
         await conn.request("GET", "/healthz")  # (accepted by now)
         by_worker[c.serving(conn.port)].append(conn)
     raise AssertionError(f"64 connections, none to some worker: {by_worker}")
 
 
 async def post_all(
-    conns: list[Http], batches: list[tuple[str, list[bytes]]], event_type: str = TYPE
+    conns: list[HttpConnection], batches: list[tuple[str, list[bytes]]], event_type: str = TYPE
 ) -> bool:
     """Post ``batches`` spread over ``conns`` (one after another on each); True: all acked."""
 
@@ -348,7 +319,7 @@ async def rest_load(port: int, name: str, ledger: Ledger, stop: asyncio.Event) -
         ledger.sent.add(guid)
         for _ in range(5):
             with contextlib.suppress(OSError):
-                conn = await Http.open(port)
+                conn = await http_open(port)
                 try:
                     acked = await conn.post(guid, [guid.encode()])
                 finally:
@@ -368,7 +339,7 @@ def test_both_workers_serve_and_every_ack_is_durable(tmp_path: Path) -> None:
             *(ws_send(ws, f"b-{i}", b"e-%d" % i) for i, ws in enumerate(sockets))
         )
         owners = Counter(c.serving(client_port(ws)) for ws in sockets)
-        http = await Http.open(c.port)
+        http = await http_open(c.port)
         metrics = await http.metrics()
         await http.close()
         for ws in sockets:

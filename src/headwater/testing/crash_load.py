@@ -28,6 +28,7 @@ from headwater.testing.clients import (
     http_exchange,
     raccoon_request,
     raccoon_response,
+    request_bytes,
 )
 
 WRITE_KEY = "crash-test-key"
@@ -117,11 +118,8 @@ def segment_batch(ledger: Ledger, batch_id: str) -> tuple[Batch, bytes]:
 
 
 def post(port: int, path: str, content_type: str, body: bytes, extra: str = "") -> bytes:
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n{extra}\r\n"
-    )
-    return head.encode() + body
+    """A one-shot ``POST`` (``Connection: close``) to the collector at ``port``."""
+    return request_bytes(f"127.0.0.1:{port}", "POST", path, body, content_type, extra, close=True)
 
 
 class Load:
