@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -235,26 +235,21 @@ class Partition:
         budget: int,
         out: list[Record],
     ) -> tuple[int, int]:
-        try:
-            for _, header, buf, at in seg.batches(seg.position_for(offset), seg.size, verify=True):
-                if header.next_offset <= offset:
-                    continue
-                if header.base_offset >= high:
-                    break
-                records = fmt.decode_records(self.topic, self.index, buf, at, header, offset)
-                room = max_records - len(out)
-                if records and records[-1].offset >= high:
-                    records = [r for r in records if r.offset < high]
-                if len(records) > room:
-                    records = records[:room]
-                out += records
-                budget -= header.length
-                offset = records[-1].offset + 1 if records else header.next_offset
-                if len(out) >= max_records or budget <= 0:
-                    return offset, budget
-                offset = max(offset, header.next_offset)
-        except BadBatchAt as bad:
-            raise bad.as_corrupt() from None
+        for header, buf, at in _batches_from(seg, offset):
+            if header.base_offset >= high:
+                break
+            records = fmt.decode_records(self.topic, self.index, buf, at, header, offset)
+            room = max_records - len(out)
+            if records and records[-1].offset >= high:
+                records = [r for r in records if r.offset < high]
+            if len(records) > room:
+                records = records[:room]
+            out += records
+            budget -= header.length
+            offset = records[-1].offset + 1 if records else header.next_offset
+            if len(out) >= max_records or budget <= 0:
+                return offset, budget
+            offset = max(offset, header.next_offset)
         return max(offset, seg.next_offset), budget
 
     def spans(self, offset: int, end: int, max_records: int, visible: int) -> list[BatchSpan]:
@@ -279,22 +274,17 @@ class Partition:
     def _segment_spans(
         self, seg: Segment, offset: int, limit: int, left: int, out: list[BatchSpan]
     ) -> tuple[int, int]:
-        try:
-            for _, header, buf, at in seg.batches(seg.position_for(offset), seg.size, verify=True):
-                if header.next_offset <= offset:
-                    continue
-                if header.base_offset >= limit:
-                    return limit, left
-                first, stop = fmt.record_range(buf, at, header, offset, limit)
-                stop = min(stop, first + left)
-                if stop > first:
-                    out.append(BatchSpan(buf, at, header, first, stop))
-                    left -= stop - first
-                offset = header.next_offset
-                if left <= 0:
-                    return offset, left
-        except BadBatchAt as bad:
-            raise bad.as_corrupt() from None
+        for header, buf, at in _batches_from(seg, offset):
+            if header.base_offset >= limit:
+                return limit, left
+            first, stop = fmt.record_range(buf, at, header, offset, limit)
+            stop = min(stop, first + left)
+            if stop > first:
+                out.append(BatchSpan(buf, at, header, first, stop))
+                left -= stop - first
+            offset = header.next_offset
+            if left <= 0:
+                return offset, left
         return max(offset, seg.next_offset), left
 
     # -- maintenance ------------------------------------------------------------------------
@@ -370,3 +360,14 @@ def sync_dir(directory: Path) -> None:
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _batches_from(seg: Segment, offset: int) -> Iterator[tuple[fmt.BatchHeader, bytes, int]]:
+    """``(header, buffer, offset_in_buffer)`` of each checked batch of ``seg`` that holds records
+    at or after ``offset``, in order; a bad batch raises ``CorruptLog``."""
+    try:
+        for _, header, buf, at in seg.batches(seg.position_for(offset), seg.size, verify=True):
+            if header.next_offset > offset:
+                yield header, buf, at
+    except BadBatchAt as bad:
+        raise bad.as_corrupt() from None
