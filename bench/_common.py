@@ -17,6 +17,7 @@ import os
 import platform
 import pstats
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -248,6 +249,62 @@ def scratch_directory(parent: Path | None, prefix: str, *, keep: bool = False) -
             progress(f"kept {directory}")
         else:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- child processes: JSON lines on their stdout -------------------------------------------------
+def say(document: dict[str, Any]) -> None:
+    """One JSON line on stdout, flushed: what a benchmark's child process tells it."""
+    sys.stdout.write(json.dumps(document) + "\n")
+    sys.stdout.flush()
+
+
+class ChildLines:
+    """The lines a child writes on its stdout, each read with a deadline, from the pipe's file
+    descriptor (a buffered reader would hide lines it had already read from ``select``)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        self._proc = proc
+        self._fd = proc.stdout.fileno()
+        self._buffer = bytearray()
+
+    def line(self, timeout: float) -> str | None:
+        """The next line; None when none came within ``timeout`` (0: only look);
+        ``RuntimeError`` once the child has ended."""
+        deadline = time.monotonic() + timeout
+        while (end := self._buffer.find(b"\n")) < 0:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self._fd], [], [], max(left, 0.0))
+            if not ready:
+                return None
+            chunk = os.read(self._fd, 1 << 16)
+            if not chunk:
+                raise RuntimeError(f"pid {self._proc.pid} exited (code {self._proc.poll()})")
+            self._buffer += chunk
+        line = bytes(self._buffer[: end + 1])
+        del self._buffer[: end + 1]
+        return line.decode(errors="replace")
+
+    def next(self, timeout: float) -> dict[str, Any] | None:
+        """The next line's object (None: none within ``timeout``); ``RuntimeError`` for one
+        that says ``error``."""
+        line = self.line(timeout)
+        if line is None:
+            return None
+        message: dict[str, Any] = json.loads(line)
+        if "error" in message:
+            raise RuntimeError(f"pid {self._proc.pid} failed: {message['error']}")
+        return message
+
+    def expect(self, key: str, timeout: float) -> dict[str, Any]:
+        """The next line's object, which must come within ``timeout`` and say ``key`` ("" for
+        any)."""
+        message = self.next(timeout)
+        if message is None:
+            raise TimeoutError(f"pid {self._proc.pid}: nothing within {timeout:.0f} s")
+        if key and key not in message:
+            raise RuntimeError(f"pid {self._proc.pid} said {message}, not {key!r}")
+        return message
 
 
 # -- child processes that serve on loopback --------------------------------------------------------

@@ -73,7 +73,6 @@ import contextlib
 import json
 import os
 import re
-import select
 import shutil
 import signal
 import subprocess
@@ -81,19 +80,19 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from _common import (
     MB,
+    ChildLines,
     ProcessSample,
     Steal,
     Target,
     arguments,
-    bench_directory,
     broker_figures,
     cores_between,
     emit_json,
@@ -110,6 +109,8 @@ from _common import (
     raise_fd_limit,
     sample_process,
     sample_tree,
+    say,
+    scratch_directory,
 )
 from headwater.testing.load.grpc import GrpcConnection
 from headwater.testing.load.http1 import HttpClient, HttpLoad, post_head
@@ -151,7 +152,7 @@ async def role_ws_load(args: argparse.Namespace) -> None:
     frames = RequestFrames(request_template(), os.urandom(4))
     load = WsLoad(HOST, args.port, f"w{args.index}", frames, IN_FLIGHT)
     clients, errors = await open_websockets(load, args.connections, args.source, 60)
-    emit_line({"ready": len(clients), "errors": errors[:3], "error_count": len(errors)})
+    say({"ready": len(clients), "errors": errors[:3], "error_count": len(errors)})
     await read_stdin_line()  # "go"
     load.sending = True
     load.closed_loop = args.rate <= 0
@@ -175,9 +176,7 @@ async def role_ws_load(args: argparse.Namespace) -> None:
     for client in clients:
         client.close()
     await asyncio.sleep(0.3)
-    emit_line(
-        load.stats.result(cpu_s, args.duration, lost=lost, unacked=unacked, sent=sent_in_window)
-    )
+    say(load.stats.result(cpu_s, args.duration, lost=lost, unacked=unacked, sent=sent_in_window))
 
 
 async def role_ws_idle(args: argparse.Namespace) -> None:
@@ -197,7 +196,7 @@ async def role_ws_idle(args: argparse.Namespace) -> None:
 
     await asyncio.gather(*(one_batch(c) for c in clients))
     alive = sum(1 for c in clients if not c.lost.done())
-    emit_line(
+    say(
         {
             "ready": alive,
             "errors": errors[:3],
@@ -211,7 +210,7 @@ async def role_ws_idle(args: argparse.Namespace) -> None:
     for client in clients:
         if client.transport is not None:
             client.transport.abort()
-    emit_line({"done": True})
+    say({"done": True})
 
 
 async def role_rest_load(args: argparse.Namespace) -> None:
@@ -223,7 +222,7 @@ async def role_rest_load(args: argparse.Namespace) -> None:
     for i in range(args.connections):
         _, client = await loop.create_connection(lambda i=i: HttpClient(load, i), HOST, args.port)
         clients.append(client)
-    emit_line({"ready": len(clients), "errors": [], "error_count": 0})
+    say({"ready": len(clients), "errors": [], "error_count": 0})
     await read_stdin_line()
     load.sending = True
     for client in clients:
@@ -235,7 +234,7 @@ async def role_rest_load(args: argparse.Namespace) -> None:
     for client in clients:
         if client.transport is not None:
             client.transport.close()
-    emit_line(load.stats.result(cpu_s, args.duration, lost=lost))
+    say(load.stats.result(cpu_s, args.duration, lost=lost))
 
 
 async def role_grpc_load(args: argparse.Namespace) -> None:
@@ -262,7 +261,7 @@ async def role_grpc_load(args: argparse.Namespace) -> None:
         lambda: GrpcConnection(f"{HOST}:{args.port}", GRPC_METHOD, on_reply), HOST, args.port
     )
     await asyncio.wait_for(conn.ready, 30)
-    emit_line({"ready": args.connections, "errors": [], "error_count": 0})
+    say({"ready": args.connections, "errors": [], "error_count": 0})
     await read_stdin_line()
     sending = True
     for i in range(args.connections):
@@ -272,7 +271,7 @@ async def role_grpc_load(args: argparse.Namespace) -> None:
     await asyncio.sleep(0.5)
     lost = int(conn.lost.done())
     conn.close()
-    emit_line(stats.result(cpu_s, args.duration, lost=lost))
+    say(stats.result(cpu_s, args.duration, lost=lost))
 
 
 async def role_grpc_aio_load(args: argparse.Namespace) -> None:
@@ -303,13 +302,13 @@ async def role_grpc_aio_load(args: argparse.Namespace) -> None:
                     continue
                 stats.answered(reply_problem(reply, guid), sent_at)
 
-        emit_line({"ready": args.connections, "errors": [], "error_count": 0})
+        say({"ready": args.connections, "errors": [], "error_count": 0})
         await read_stdin_line()
         callers = [asyncio.create_task(caller(i)) for i in range(args.connections)]
         cpu_s = await stats.measure(args.warmup, args.duration)
         sending = False
         await asyncio.wait(callers, timeout=10)
-    emit_line(stats.result(cpu_s, args.duration))
+    say(stats.result(cpu_s, args.duration))
 
 
 # -- the collector process ------------------------------------------------------------------------
@@ -475,33 +474,12 @@ def kill(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(5)
 
 
-_UNREAD: dict[int, bytearray] = defaultdict(bytearray)  # what was read past a line, per child
-
-
-def read_line(proc: subprocess.Popen[bytes], timeout_s: float) -> str:
-    """The child's next line on stdout, reading the pipe's file descriptor directly (a
-    buffered reader would hide lines it had already read from ``select``)."""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    buffer = _UNREAD[proc.pid]
-    until = time.monotonic() + timeout_s
-    while (end := buffer.find(b"\n")) < 0:
-        left = until - time.monotonic()
-        ready, _, _ = select.select([fd], [], [], max(0.0, left))
-        if not ready:
-            raise TimeoutError(f"pid {proc.pid}: nothing within {timeout_s:.0f} s")
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            raise RuntimeError(f"pid {proc.pid} exited (code {proc.poll()})")
-        buffer += chunk
-    line = bytes(buffer[: end + 1])
-    del buffer[: end + 1]
-    return line.decode(errors="replace")
+LINES: dict[int, ChildLines] = {}  # each child's, with what was read past a line
 
 
 def read_json(proc: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(read_line(proc, timeout_s))
-    return result
+    """The child's next JSON line, within ``timeout_s``."""
+    return LINES.setdefault(proc.pid, ChildLines(proc)).expect("", timeout_s)
 
 
 def tell(proc: subprocess.Popen[bytes], line: str) -> None:
@@ -509,11 +487,6 @@ def tell(proc: subprocess.Popen[bytes], line: str) -> None:
     with contextlib.suppress(BrokenPipeError):
         proc.stdin.write(line.encode() + b"\n")
         proc.stdin.flush()
-
-
-def emit_line(document: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(document) + "\n")
-    sys.stdout.flush()
 
 
 async def read_stdin_line() -> str:
@@ -552,7 +525,9 @@ def start_collector(
     try:
         until = time.monotonic() + 60
         while time.monotonic() < until:
-            line = read_line(proc, max(0.1, until - time.monotonic()))
+            line = LINES.setdefault(proc.pid, ChildLines(proc)).line(until - time.monotonic())
+            if line is None:
+                raise TimeoutError("no line within 60 s")
             seen.append(line)
             if found := re.search(r"health at http://[^:]+:(\d+)/", line):
                 port = int(found.group(1))
@@ -1539,18 +1514,6 @@ def watchdog(limit_s: float) -> None:
     timer.start()
 
 
-@contextlib.contextmanager
-def _directory(args: argparse.Namespace) -> Iterator[Path]:
-    directory = bench_directory(args.dir, "bench-collector-")
-    try:
-        yield directory
-    finally:
-        if args.keep:
-            progress(f"kept {directory}")
-        else:
-            shutil.rmtree(directory, ignore_errors=True)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.role:
@@ -1567,7 +1530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if fds < IDLE_CONNECTIONS + 2_000:
         progress(f"open-file limit {fds}: too low for {IDLE_CONNECTIONS:,} idle connections")
     try:
-        with _directory(args) as directory:
+        with scratch_directory(args.dir, "bench-collector-", keep=args.keep) as directory:
             run = Run(
                 args=args,
                 directory=directory,

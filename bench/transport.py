@@ -62,7 +62,6 @@ import contextlib
 import json
 import os
 import resource
-import select
 import shutil
 import signal
 import subprocess
@@ -78,6 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
     MB,
+    ChildLines,
     ProcessSample,
     arguments,
     bench_directory,
@@ -91,6 +91,7 @@ from _common import (
     progress,
     py_spy_samples,
     sample_process,
+    say,
     start_py_spy,
 )
 from headwater.transport.postgres.reader import lsn_text
@@ -278,51 +279,7 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
         reap(proc, 10.0)
 
 
-class Lines:
-    """JSON lines a child writes on its stdout, each read with a deadline."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None
-        self._fd = proc.stdout.fileno()
-        self._buffer = b""
-        self._eof = False
-
-    def next(self, timeout: float) -> dict[str, Any] | None:
-        """The next line's object; None when none came within ``timeout`` (0: only look)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if b"\n" in self._buffer:
-                line, _, self._buffer = self._buffer.partition(b"\n")
-                message: dict[str, Any] = json.loads(line)
-                if "error" in message:
-                    raise RuntimeError(f"the reader failed: {message['error']}")
-                return message
-            if self._eof:
-                raise RuntimeError("the reader process exited early (its stderr is above)")
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([self._fd], [], [], max(left, 0.0))
-            if ready:
-                chunk = os.read(self._fd, 65536)
-                self._buffer += chunk
-                self._eof = not chunk
-            elif left <= 0:
-                return None
-
-    def expect(self, key: str, timeout: float) -> dict[str, Any]:
-        message = self.next(timeout)
-        if message is None:
-            raise TimeoutError(f"the reader process did not say {key!r} within {timeout:.0f} s")
-        if key not in message:
-            raise RuntimeError(f"the reader process said {message}, not {key!r}")
-        return message
-
-
 # -- the reader's process (``--role reader``) -------------------------------------------------
-def say(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
-
-
 def reader_main(spec_path: Path) -> None:
     """Run a PostgresReader over an embedded log: "go" on stdin starts it, "stop" (or EOF, or
     SIGTERM) stops it; then the log's record count goes to stdout."""
@@ -526,7 +483,7 @@ def run_reader(
     samples = work / "py-spy.txt"
     try:
         assert proc.stdin is not None
-        lines = Lines(proc)
+        lines = ChildLines(proc)
         lines.expect("ready", 60)
         if py_spy:
             spy = start_py_spy(py_spy, proc.pid, samples, rate=PY_SPY_RATE)
