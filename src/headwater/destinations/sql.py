@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from abc import abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -116,6 +116,22 @@ class SqlDestination(Destination):
         if name not in self._keys:
             self._read(s, name)
         return self._keys.get(name, ())
+
+    def _staged_keys(
+        self, s: Session, tables: Iterable[str], schemas: Mapping[str, TableSchema]
+    ) -> dict[str, tuple[str, ...]]:
+        """For a commit of staged parts: each table's primary key, its schema's, else the
+        catalog's (as ``write_batch``: a table keyed elsewhere)."""
+        keys = {t: (schemas[t].primary_key if t in schemas else ()) for t in tables}
+        return {t: k or self._key(s, t) for t, k in keys.items()}
+
+    def _repatch(
+        self, s: Session, tables: Iterable[str], schemas: Mapping[str, TableSchema]
+    ) -> None:
+        """Patch each of ``tables`` that has a schema to it again (it changed underneath)."""
+        for table in tables:
+            if table in schemas:
+                self._patch(s, schemas[table])
 
     def ensure_table(self, schema: TableSchema) -> TableSchema:
         with self._using() as s:

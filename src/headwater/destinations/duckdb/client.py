@@ -222,20 +222,15 @@ class DuckDBDestination(ParquetStaging, SqlDestination):
         groups = {table: staged_paths(ps) for table, ps in by_table(parts).items()}
         with self._using() as s:
             assert isinstance(s, DuckDBSession)
-            # the schema's key, else the catalog's (as write_batch: a table keyed elsewhere)
-            keys = {t: (schemas[t].primary_key if t in schemas else ()) for t in groups}
-            keys = {t: k or self._key(s, t) for t, k in keys.items()}
+            keys = self._staged_keys(s, groups, schemas)
 
             def move() -> None:
                 for table, paths in groups.items():
                     s.load_staged(table, paths, keys[table])
 
-            def repatch() -> None:
-                for table in groups:
-                    if table in schemas:
-                        self._patch(s, schemas[table])
-
-            done = commit_with_ledger(s, writer_id, batch_id, move, repatch)
+            done = commit_with_ledger(
+                s, writer_id, batch_id, move, lambda: self._repatch(s, groups, schemas)
+            )
         remove_files(parts)
         return done
 

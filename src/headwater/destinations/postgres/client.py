@@ -339,9 +339,7 @@ class PostgresDestination(SqlDestination):
                     f"PostgreSQL: {len(gone)} staging table(s) are gone (cleaned up?), e.g. "
                     f"{STAGING_SCHEMA}.{gone[0]}: the batch must be staged again"
                 )
-            # the schema's key, else the catalog's (as write_batch: a table keyed elsewhere)
-            keys = {t: (schemas[t].primary_key if t in schemas else ()) for t in groups}
-            keys = {t: k or self._key(s, t) for t, k in keys.items()}
+            keys = self._staged_keys(s, groups, schemas)
 
             def move() -> None:
                 for table, ps in groups.items():
@@ -350,12 +348,9 @@ class PostgresDestination(SqlDestination):
                     refs = ", ".join(staged(p.ref) for p in parts[i : i + _DROP_AT_ONCE])
                     s.execute(f"DROP TABLE {refs}")
 
-            def repatch() -> None:
-                for table in groups:
-                    if table in schemas:
-                        self._patch(s, schemas[table])
-
-            done = commit_with_ledger(s, writer_id, batch_id, move, repatch)
+            done = commit_with_ledger(
+                s, writer_id, batch_id, move, lambda: self._repatch(s, groups, schemas)
+            )
         if not done:
             self.discard_staged(writer_id, batch_id, parts)
         return done
