@@ -1,6 +1,6 @@
 """Helpers shared by headwater's benchmarks (``bench/*.py``): machine facts, CPU meters,
-latency percentiles, a plain-text figures table, JSON output and profiling (cProfile on every
-thread, and py-spy when it is installed).
+latency percentiles, a plain-text figures table, JSON output, child processes and profiling
+(py-spy, when it is installed).
 
 Benchmarks are scripts, not tests: each one stops by itself, talks to loopback only and prints
 what it measured. Progress goes to stderr so that ``--format json`` keeps stdout clean.
@@ -11,11 +11,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import cProfile
 import json
 import os
 import platform
-import pstats
 import re
 import select
 import shutil
@@ -444,89 +442,6 @@ def median(values: Sequence[float]) -> float:
     return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-# -- profiling: cProfile on every thread --------------------------------------------------------
-@dataclass
-class FunctionCost:
-    function: str  # "name (file:line)"
-    calls: int
-    self_s: float
-    total_s: float
-
-    def per_op_us(self, operations: int) -> float:
-        return self.self_s / operations * 1e6 if operations else float("nan")
-
-
-class AllThreadsProfile:
-    """cProfile of the current thread and of every thread started while it is active.
-
-    Threads started inside the ``with`` block get their own profiler on their first event
-    (``threading.setprofile`` hands the hook to new threads; the hook then enables a
-    ``cProfile.Profile`` for that thread). Threads started before are not seen.
-
-    The clock is wall time by default: a thread's figures then include its waits (in epoll, in
-    fdatasync, and for the GIL after a call that released it). ``cpu=True`` uses each thread's
-    CPU time instead, which leaves the waits out but costs a system call per event, so it
-    inflates functions that are called often.
-    """
-
-    def __init__(self, *, cpu: bool = False) -> None:
-        self.profiles: dict[str, cProfile.Profile] = {}
-        self._lock = threading.Lock()
-        self._timer = time.thread_time if cpu else time.perf_counter
-
-    def _new(self) -> cProfile.Profile:
-        return cProfile.Profile(self._timer)
-
-    def _hook(self, frame: object, event: str, arg: object) -> None:
-        profile = self._new()
-        name = threading.current_thread().name
-        with self._lock:
-            while name in self.profiles:
-                name += "'"
-            self.profiles[name] = profile
-        profile.enable()
-
-    def __enter__(self) -> AllThreadsProfile:
-        main = self._new()
-        self.profiles[threading.current_thread().name] = main
-        threading.setprofile(self._hook)
-        main.enable()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.profiles[threading.current_thread().name].disable()
-        threading.setprofile(None)  # type: ignore[arg-type]
-
-    def top(self, thread: str, n: int = 12) -> list[FunctionCost]:
-        """The ``n`` functions of ``thread`` with the most self time."""
-        profile = self.profiles.get(thread)
-        if profile is None:
-            return []
-        profile.create_stats()
-        stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
-        costs = [
-            FunctionCost(_function_name(func), calls, self_s, total_s)
-            for func, (_, calls, self_s, total_s, _) in stats.items()
-        ]
-        costs.sort(key=lambda c: c.self_s, reverse=True)
-        return costs[:n]
-
-    def total_self_s(self, thread: str) -> float:
-        profile = self.profiles.get(thread)
-        if profile is None:
-            return 0.0
-        profile.create_stats()
-        return sum(v[2] for v in pstats.Stats(profile).stats.values())  # type: ignore[attr-defined]
-
-
-def _function_name(func: tuple[str, int, str]) -> str:
-    filename, line, name = func
-    if filename == "~":  # a built-in
-        return name.strip("<>")
-    short = _short_path(filename)
-    return f"{name} ({short}:{line})"
-
-
 def _short_path(filename: str) -> str:
     for marker in ("/site-packages/", "/src/", "/lib/python3"):
         i = filename.rfind(marker)
@@ -536,7 +451,10 @@ def _short_path(filename: str) -> str:
     return Path(filename).name
 
 
-# -- profiling: py-spy (a sampling profiler, all threads, wall clock) -----------------------------
+# -- profiling: py-spy (a sampling profiler, all threads) ---------------------------------------
+PY_SPY_MISSING = "py-spy not found: `pip install py-spy` (any environment) and set PY_SPY to it"
+
+
 def find_py_spy() -> str | None:
     """``$PY_SPY``, ``py-spy`` next to this Python, or on ``PATH``; None when absent."""
     candidates = [

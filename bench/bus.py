@@ -26,10 +26,11 @@ so the log and the disk reference share a filesystem):
 
 
 Targets: ``always`` appends with 64 appenders reach at least 50% of the raw disk MB/s, and reads
-reach at least 1M records/s. A miss is profiled (cProfile on every thread, and py-spy when it is
-installed) and the top costs are printed. (Fewer appenders, the ``interval`` policy, OS
-threads, 4 partitions and the Kafka backend measured no target and were left out; see git
-history; the Kafka bus is measured against its target by ``bench/pipeline.py --bus kafka``.)
+reach at least 1M records/s. A miss is profiled with py-spy (when it is installed: ``$PY_SPY``,
+next to this Python or on ``PATH``) and the top costs are printed. (Fewer appenders, the
+``interval`` policy, OS threads, 4 partitions and the Kafka backend measured no target and were
+left out; see git history; the Kafka bus is measured against its target by
+``bench/pipeline.py --bus kafka``.)
 This is not a test: it always exits 0 unless it fails.
 """
 
@@ -43,7 +44,6 @@ import re
 import shutil
 import socket
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -54,7 +54,7 @@ import uvloop
 
 from _common import (
     MB,
-    AllThreadsProfile,
+    PY_SPY_MISSING,
     Meter,
     MiB,
     Steal,
@@ -198,11 +198,9 @@ class DiskFigure:
 @dataclass
 class Profile:
     what: str
-    operations: int  # appends or read calls in the cProfile run
     unit: str
     records_per_op: int
-    cprofile: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    cprofile_thread_s: dict[str, float] = field(default_factory=dict)  # CPU seconds per thread
+    note: str = ""
     py_spy: list[ThreadSamples] = field(default_factory=list)  # --gil: who holds the GIL
     py_spy_seconds: int = 0
     py_spy_rate: int = PY_SPY_RATE
@@ -570,115 +568,64 @@ def disk_sequential(
 
 
 # -- profiling a miss ---------------------------------------------------------------------
-def _cost_rows(
-    profile: AllThreadsProfile, thread: str, operations: int, n: int
-) -> list[dict[str, Any]]:
-    return [
-        {
-            "function": c.function,
-            "calls": c.calls,
-            "self_s": c.self_s,
-            "total_s": c.total_s,
-            "self_us_per_op": c.per_op_us(operations),
-            "calls_per_op": c.calls / operations if operations else None,
-        }
-        for c in profile.top(thread, n)
-    ]
-
-
 def profile_appends(
-    directory: Path,
-    seconds: float,
-    batch: list[Message],
-    disk_bytes: int,
-    py_spy: str | None,
+    directory: Path, seconds: float, batch: list[Message], disk_bytes: int, py_spy: str | None
 ) -> Profile:
-    """Profile the ``always`` 64-appender case: cProfile (wall clock) on every thread, then
-    py-spy ``--gil`` (who holds the GIL) when it is installed."""
-    progress("profiling embedded always, 64 asyncio appenders (cProfile on every thread)")
-    config = EmbeddedBusConfig(durability="always", default_partitions=1)
-    case: dict[str, Any] = {
-        "backend": "embedded",
-        "policy": "always",
-        "appenders": 64,
-        "mode": "asyncio",
-        "partitions": 1,
-        "warmup": 0.2,
-        "batch": batch,
-        "disk_bytes": disk_bytes,
-    }
-    os.sync()
-    # the bus is opened inside the profile so that its writer thread is profiled too
-    with AllThreadsProfile() as prof, EmbeddedBus(directory / "profile-cprofile", config) as bus:
-        figure, _ = measure_appends(bus, seconds=seconds, **case)
-    # the warm-up appends are profiled too; count them from the calls to append itself
-    main = threading.current_thread().name
-    appends = _calls_of(prof, main, "append (headwater/bus/embedded/backend.py:")
+    """Profile the ``always`` 64-appender case with py-spy ``--gil`` (who holds the GIL)."""
     result = Profile(
-        "append: embedded always, 64 asyncio tasks, 1 partition",
-        appends or figure.appends,
-        "append",
-        BATCH_RECORDS,
+        "append: embedded always, 64 asyncio tasks, 1 partition", "append", BATCH_RECORDS
     )
-    _keep_cprofile(result, prof)
-    if py_spy:
-        progress("profiling the same case with py-spy --gil")
-        result.py_spy_seconds = max(1, round(seconds))
-        os.sync()
-        with (
-            EmbeddedBus(directory / "profile-pyspy", config) as bus,
-            py_spy_record(py_spy, result.py_spy_seconds, rate=PY_SPY_RATE) as result.py_spy,
-        ):
-            # outlasts py-spy, so that every sample is of the workload
-            figure, _ = measure_appends(bus, seconds=result.py_spy_seconds + PY_SPY_SLACK_S, **case)
-        result.py_spy_ops_per_s = figure.appends / figure.seconds
-    for name in ("cprofile", "pyspy"):
-        shutil.rmtree(directory / f"profile-{name}", ignore_errors=True)
+    if not _can_profile(result, py_spy):
+        return result
+    progress("profiling embedded always, 64 asyncio appenders with py-spy --gil")
+    result.py_spy_seconds = max(1, round(seconds))
+    config = EmbeddedBusConfig(durability="always", default_partitions=1)
+    os.sync()
+    with (
+        EmbeddedBus(directory / "profile", config) as bus,
+        py_spy_record(py_spy, result.py_spy_seconds, rate=PY_SPY_RATE) as result.py_spy,
+    ):
+        # outlasts py-spy, so that every sample is of the workload
+        figure, _ = measure_appends(
+            bus,
+            backend="embedded",
+            policy="always",
+            appenders=64,
+            mode="asyncio",
+            partitions=1,
+            seconds=result.py_spy_seconds + PY_SPY_SLACK_S,
+            warmup=0.2,
+            batch=batch,
+            disk_bytes=disk_bytes,
+        )
+    result.py_spy_ops_per_s = figure.appends / figure.seconds
+    shutil.rmtree(directory / "profile", ignore_errors=True)
     return result
 
 
 def profile_reads(bus: Bus, topic: str, seconds: float, py_spy: str | None) -> Profile:
-    progress(f"profiling reads of {topic} (cProfile)")
-    with AllThreadsProfile() as prof:
-        records, calls, _ = read_topic(bus, topic, 0, min_seconds=seconds, max_seconds=seconds * 3)
+    """Profile reads of ``topic`` with py-spy ``--gil``."""
     result = Profile(
-        f"read: embedded, {topic}, read(max_records={READ_MAX_RECORDS})",
-        calls,
-        "read call",
-        records // max(1, calls),
+        f"read: embedded, {topic}, read(max_records={READ_MAX_RECORDS})", "read call", 0
     )
-    _keep_cprofile(result, prof)
-    if py_spy:
-        progress("profiling reads with py-spy --gil")
-        result.py_spy_seconds = max(1, round(seconds))
-        with py_spy_record(py_spy, result.py_spy_seconds, rate=PY_SPY_RATE) as samples:
-            t0 = time.perf_counter()
-            _, calls, _ = read_topic(
-                bus, topic, 0, min_seconds=result.py_spy_seconds + PY_SPY_SLACK_S, max_seconds=60
-            )
-            result.py_spy_ops_per_s = calls / (time.perf_counter() - t0)
-        result.py_spy = samples
+    if not _can_profile(result, py_spy):
+        return result
+    progress(f"profiling reads of {topic} with py-spy --gil")
+    result.py_spy_seconds = max(1, round(seconds))
+    with py_spy_record(py_spy, result.py_spy_seconds, rate=PY_SPY_RATE) as result.py_spy:
+        t0 = time.perf_counter()
+        span = result.py_spy_seconds + PY_SPY_SLACK_S
+        records, calls, _ = read_topic(bus, topic, 0, min_seconds=span, max_seconds=60)
+        result.py_spy_ops_per_s = calls / (time.perf_counter() - t0)
+    result.records_per_op = records // max(1, calls)
     return result
 
 
-def _keep_cprofile(result: Profile, prof: AllThreadsProfile) -> None:
-    """Keep the threads that did something besides waiting on a lock."""
-    for thread in prof.profiles:
-        total = prof.total_self_s(thread)
-        top = prof.top(thread, 1)
-        if not top or total <= 0:
-            continue
-        if "acquire' of '_thread.lock" in top[0].function and top[0].self_s > 0.95 * total:
-            continue  # an idle helper thread (offsets flusher, retention)
-        result.cprofile[thread] = _cost_rows(prof, thread, result.operations, 15)
-        result.cprofile_thread_s[thread] = total
-
-
-def _calls_of(prof: AllThreadsProfile, thread: str, prefix: str) -> int:
-    for cost in prof.top(thread, 10_000):
-        if cost.function.startswith(prefix):
-            return cost.calls
-    return 0
+def _can_profile(result: Profile, py_spy: str | None) -> bool:
+    if py_spy is None:
+        result.note = PY_SPY_MISSING
+        progress(result.note)
+    return py_spy is not None
 
 
 # -- the phases -----------------------------------------------------------------------------------
@@ -955,37 +902,14 @@ def report(run: Run, markdown: bool = False) -> str:
 
 def profile_lines(profile: Profile) -> list[str]:
     unit = profile.unit
-    out = [
-        f"where the time goes: {profile.what}",
-        f"  cProfile, wall clock of each thread, over {profile.operations} {unit}s "
-        f"({profile.records_per_op} records each). us/{unit} is self time per {unit}, waits "
-        "included (epoll, fdatasync, and taking the GIL back after a call that released it); "
-        "cProfile slows every Python call, so read the shares and calls more than the us:",
-    ]
-    for thread, rows in profile.cprofile.items():
-        total = profile.cprofile_thread_s.get(thread, 0.0)
-        per_op = total / profile.operations * 1e6 if profile.operations else float("nan")
-        out.append(
-            f"  thread {thread}: {total:.2f} s, {fmt_number(per_op)} us per {unit} (profiled)"
-        )
-        table = [
-            [
-                r["function"][:80],
-                r["self_us_per_op"],
-                f"{r['self_s'] / total:.0%}" if total else "-",
-                r["calls_per_op"],
-            ]
-            for r in rows[:12]
-        ]
-        headers = ["function", f"us/{unit}", "share", f"calls/{unit}"]
-        out += ["    " + line for line in print_table(headers, table).splitlines()]
+    out = [f"where the time goes: {profile.what}"] + [f"  {profile.note}"] * bool(profile.note)
     ticks = profile.py_spy_seconds * profile.py_spy_rate
     if profile.py_spy:
         out.append(
             f"  py-spy --gil, {profile.py_spy_seconds} s at {profile.py_spy_rate} Hz, "
-            f"{fmt_number(profile.py_spy_ops_per_s)} {unit}s/s while sampling (no cProfile "
-            f"overhead). Share of time each thread held the GIL, and its innermost frames "
-            f"with ~us of GIL per {unit}:"
+            f"{fmt_number(profile.py_spy_ops_per_s)} {unit}s/s while sampling ("
+            f"{profile.records_per_op} records each). Share of time each thread held the GIL, "
+            f"and its innermost frames with ~us of GIL per {unit}:"
         )
     for samples in profile.py_spy:
         share = samples.samples / ticks if ticks else float("nan")

@@ -5,8 +5,6 @@ Run from the repository root::
     .venv/bin/python bench/collector.py                 # the full run, under 4 minutes
     .venv/bin/python bench/collector.py --quick         # a smoke run, under 60 s
     .venv/bin/python bench/collector.py --format json   # the same figures as JSON on stdout
-    .venv/bin/python bench/collector.py --bus kafka     # embedded log vs Kafka, under 4 minutes
-    .venv/bin/python bench/collector.py --bus kafka --quick   # the same, about 2 minutes
 
 The collector runs in its own process, started through the ``headwater`` command line exactly as
 ``headwater --config FILE collector --port 0 --grpc-port 0`` runs it, with its embedded log in a
@@ -50,19 +48,9 @@ py-spy on the collector under load (``$PY_SPY``, ``py-spy`` next to this Python,
 This is not a test: it exits 0 unless it fails. Every child process ends itself (time limits,
 and when this script goes away).
 
-``--bus kafka`` (default ``embedded``: everything above) measures the collector on Apache Kafka
-against the embedded log, in the same run: the durable cases (1) closed loop and (2)-(3) (WebSocket
-at 1, 100 and 1,000 connections, ``--quick``: 1 and 100; REST; gRPC) on a collector on the
-embedded log (durability ``always``), then the same cases on a fresh collector with
-``bus.backend: kafka`` (``ack: durable`` then waits for ``acks=all``, the backend's producer
-setting, with the broker's default flush policy: no fsync before the ack; topics of 2
-partitions, as on the log), appending to one Apache Kafka broker
-(``headwater.testing.kafka``, KRaft on loopback, JVM ``_common.KAFKA_JVM``: G1, C2 on) started
-after the embedded cases and stopped after its own. It prints both figures per case and the
-ratio Kafka / embedded, with the broker's CPU (it shares the 2 cores with the collector and the
-generators) and its peak RSS (VmHWM). Nothing else runs in that mode (the raw log, the paced
-runs, the idle connections and py-spy profiles: a default run has them); the
-targets printed are issue 3's, on the embedded log's figures.
+``--bus kafka``, which compared the durable cases on one Apache Kafka broker with the embedded
+log, measured no target and was removed (see git history); the option is refused with that
+word. The Kafka bus is measured against its target by ``bench/pipeline.py --bus kafka``.
 """
 
 from __future__ import annotations
@@ -84,21 +72,19 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from _common import (
-    MB,
+    PY_SPY_MISSING,
     ChildLines,
     ProcessSample,
     Steal,
     Target,
     arguments,
-    broker_figures,
     cores_between,
     emit_json,
     find_py_spy,
     fmt_number,
-    kafka_broker,
     machine_busy_between,
     machine_info,
     parse_py_spy_raw,
@@ -124,9 +110,6 @@ from headwater.testing.load.requests import (
 )
 from headwater.testing.load.websocket import RequestFrames, WsClient, WsLoad, open_websockets, pace
 
-if TYPE_CHECKING:
-    from headwater.testing.kafka import KafkaCluster
-
 HOST = "127.0.0.1"
 PATH = "/api/v1/events"
 GRPC_METHOD = "/raystack.raccoon.v1beta1.EventService/SendEvent"
@@ -144,6 +127,10 @@ TARGET_PACED_EVENTS_S = 100_000.0  # the paced run whose p95 is judged, at 1,000
 TARGET_P95_MS = 20.0
 TARGET_IDLE_RSS_MB = 250.0  # the whole collector (all its processes), 10k idle connections
 PY_SPY_RATE = 100
+KAFKA_REMOVED = (
+    "the Kafka comparison measured no target and was removed (git log -- bench/collector.py); "
+    "bench/pipeline.py --bus kafka measures the Kafka bus against its target"
+)
 GRPC_ROLES = {"raw": "grpc-load", "aio": "grpc-aio-load"}  # --grpc-client: the load's role
 
 
@@ -383,16 +370,10 @@ def gc_meter(directory: Path) -> None:
     os.register_at_fork(after_in_child=start)
 
 
-# the collector's bus: the embedded log, or a Kafka broker (acks=all: the backend's producer)
 EMBEDDED_BUS = """\
   backend: embedded
   embedded:
     durability: always
-"""
-KAFKA_BUS = """\
-  backend: kafka
-  kafka:
-    bootstrap_servers: {servers}
 """
 COLLECTOR_CONFIG = """\
 data_dir: {data_dir}
@@ -417,8 +398,6 @@ class Collector:
     log: IO[bytes]
     data_dir: Path
     started: ProcessSample
-    bus: str = "embedded"
-    broker_pid: int | None = None  # the Kafka broker it appends to
 
     @property
     def pid(self) -> int:
@@ -497,19 +476,14 @@ def start_collector(
     directory: Path,
     ack: str,
     max_seconds: float,
-    *,
-    kafka: KafkaCluster | None = None,
 ) -> Collector:
-    """A collector on the embedded log, or on ``kafka``'s broker when given."""
+    """A collector on the embedded log (durability always)."""
     data_dir = Path(tempfile.mkdtemp(prefix=f"collector-{ack}-", dir=directory))
     config = data_dir / "headwater.yaml"
-    bus = EMBEDDED_BUS
-    if kafka is not None:
-        bus = KAFKA_BUS.format(servers=json.dumps(kafka.bootstrap_servers))
     config.write_text(
         COLLECTOR_CONFIG.format(
             data_dir=json.dumps(str(data_dir)),
-            bus=bus,
+            bus=EMBEDDED_BUS,
             host=HOST,
             ack=ack,
             max_connections=20_000,
@@ -545,8 +519,7 @@ def start_collector(
         log.seek(0)
         tail = log.read().decode(errors="replace")[-800:]
         raise RuntimeError(f"the collector did not print its ports: {seen} {tail}")
-    on = "" if kafka is None else ", on Kafka"
-    progress(f"collector (ack: {ack}{on}) pid {proc.pid} on port {port}, gRPC {grpc_port}")
+    progress(f"collector (ack: {ack}) pid {proc.pid} on port {port}, gRPC {grpc_port}")
     return Collector(
         proc,
         ack,
@@ -555,8 +528,6 @@ def start_collector(
         log,
         data_dir,
         sample_process(proc.pid),
-        bus="embedded" if kafka is None else "kafka",
-        broker_pid=None if kafka is None else kafka.process.pid,
     )
 
 
@@ -583,7 +554,7 @@ class LoadFigure:
     ack: str
     connections: int
     load: str  # "closed" (as fast as acked) or "paced 100k/s"
-    bus: str = "embedded"  # or "kafka"
+    bus: str = "embedded"
     seconds: float = 0.0
     events_per_s: float = float("nan")
     p50_ms: float = float("nan")
@@ -598,18 +569,12 @@ class LoadFigure:
     collector_rss_mb: float = float("nan")
     generator_cores: float = float("nan")
     machine_cores: float = float("nan")  # busy cores of the whole machine (of 2)
-    broker_cores: float = float("nan")  # the Kafka broker's, on the Kafka bus
     target_events_per_s: float | None = None
     note: str = ""
 
     @property
-    def shape(self) -> str:
-        """The case whatever the bus: what the same case on another bus shares."""
-        return f"{self.protocol} {self.ack} x{self.connections} {self.load}"
-
-    @property
     def case(self) -> str:
-        return self.shape + ("" if self.bus == "embedded" else f" ({self.bus})")
+        return f"{self.protocol} {self.ack} x{self.connections} {self.load}"
 
 
 @dataclass
@@ -666,7 +631,6 @@ class Run:
     profiles: list[ProfileFigure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     background_cores: float = float("nan")
-    broker: dict[str, Any] | None = None  # --bus kafka: the broker's version, JVM, peak RSS
     steal: Steal = field(default_factory=Steal)
 
 
@@ -695,15 +659,11 @@ def drive(
             tell(g, "go")
         time.sleep(warmup)
         before, gc_before = collector.sample(), collector.gc_stats()
-        broker = collector.broker_pid
-        broker_before = sample_process(broker) if broker is not None else None
         if during is not None:
             during()
         else:
             time.sleep(seconds)
         after, gc_after = collector.sample(), collector.gc_stats()
-        if broker is not None and broker_before is not None:
-            figure.broker_cores = cores_between(broker_before, sample_process(broker))
         results = [read_json(g, seconds + 60) for g in generators]
     finally:
         for g in generators:
@@ -761,7 +721,7 @@ def websocket_case(
     seconds: float | None = None,
 ) -> LoadFigure:
     load = f"paced {fmt_number(events_per_s / 1000)}k/s" if events_per_s else "closed"
-    figure = LoadFigure("WebSocket", collector.ack, connections, load, collector.bus)
+    figure = LoadFigure("WebSocket", collector.ack, connections, load)
     figure.target_events_per_s = events_per_s or None
     span = seconds if seconds is not None else run.seconds
     count = max(1, min(run.args.generators, connections // 100 or 1))
@@ -788,7 +748,7 @@ def websocket_case(
 
 
 def http_case(run: Run, collector: Collector, protocol: str) -> LoadFigure:
-    figure = LoadFigure(protocol, collector.ack, HTTP_CONCURRENCY, "closed", collector.bus)
+    figure = LoadFigure(protocol, collector.ack, HTTP_CONCURRENCY, "closed")
     generator = spawn(
         role_command(
             "rest-load" if protocol == "REST" else GRPC_ROLES[run.args.grpc_client],
@@ -810,9 +770,7 @@ def report_progress(f: LoadFigure) -> None:
         f"{fmt_number(f.p50_ms)}/{fmt_number(f.p95_ms)}/{fmt_number(f.p99_ms)} ms, collector "
         f"{f.collector_cores:.2f} cores (loop thread {f.loop_thread_cores:.2f}, of which GC "
         f"{f.gc_loop_cores:.2f}), "
-        f"{fmt_number(f.collector_rss_mb)} MB; generator {f.generator_cores:.2f} cores "
-        + ("" if f.bus == "embedded" else f"; broker {f.broker_cores:.2f} cores ")
-        + f.note
+        f"{fmt_number(f.collector_rss_mb)} MB; generator {f.generator_cores:.2f} cores " + f.note
     )
 
 
@@ -1007,9 +965,7 @@ def profile_collector(
         f"WebSocket {collector.ack} x{connections} closed", seconds, PY_SPY_RATE, float("nan")
     )
     if py_spy is None:
-        figure.note = (
-            "py-spy not found: `pip install py-spy` (any environment) and set PY_SPY to it"
-        )
+        figure.note = PY_SPY_MISSING
         progress(figure.note)
         return figure
     progress(f"profiling the collector with py-spy: {figure.case}, {seconds} s")
@@ -1105,58 +1061,10 @@ def measure(run: Run) -> None:
     run.idle = idle_case(run, 150)
 
 
-def compare_buses(run: Run) -> None:
-    """``--bus kafka``: the durable cases on the embedded log, then the same on a collector
-    appending to an Apache Kafka broker (acks=all), started for them and stopped after."""
-    note_background(run)
-    durable_cases(run)
-    with kafka_broker() as kafka:
-        CHILDREN.append(kafka.process)  # the watchdog ends it too
-        durable_cases(run, kafka)
-        run.broker = broker_figures(kafka)
-
-
-def durable_cases(run: Run, kafka: KafkaCluster | None = None) -> None:
-    """WebSocket (closed loop, at each connection count), REST and gRPC on a fresh durable
-    collector, on the embedded log or on ``kafka``."""
-    collector = start_collector(run.directory, "durable", collector_seconds(run), kafka=kafka)
-    try:
-        run.loads += closed_cases(run, collector)
-        run.loads += http_cases(run, collector)
-    finally:
-        stop_collector(collector)
-
-
-def bus_comparison(loads: Sequence[LoadFigure]) -> list[dict[str, Any]]:
-    """Each case measured on both buses: events/s on each, and the ratio Kafka / embedded."""
-    on_kafka = {f.shape: f for f in loads if f.bus == "kafka"}
-    rows: list[dict[str, Any]] = []
-    for e in loads:
-        k = on_kafka.get(e.shape)
-        if e.bus != "embedded" or k is None:
-            continue
-        rows.append(
-            {
-                "case": e.shape,
-                "embedded_events_per_s": e.events_per_s,
-                "kafka_events_per_s": k.events_per_s,
-                "kafka_over_embedded": (
-                    k.events_per_s / e.events_per_s if e.events_per_s > 0 else float("nan")
-                ),
-                "embedded_p95_ms": e.p95_ms,
-                "kafka_p95_ms": k.p95_ms,
-                "embedded_collector_cores": e.collector_cores,
-                "kafka_collector_cores": k.collector_cores,
-                "broker_cores": k.broker_cores,
-            }
-        )
-    return rows
-
-
 def targets(loads: Sequence[LoadFigure], idle: IdleFigure | None) -> list[Target]:
     """Issue 14's targets on the embedded log's durable figures."""
     out: list[Target] = []
-    durable = [f for f in loads if f.ack == "durable" and f.bus == "embedded"]
+    durable = [f for f in loads if f.ack == "durable"]
     for f in durable:
         if f.load != "closed":
             continue
@@ -1280,8 +1188,6 @@ def report(run: Run, markdown: bool = False) -> str:
     headers, rows = load_rows(run.loads)
     out.append(print_table(headers, rows, markdown=markdown))
     out += [f"  {f.case}: {f.note}" for f in run.loads if f.note]
-    if run.broker is not None:
-        out += ["", *comparison_lines(run.broker, run.loads, markdown)]
     if run.raw is not None:
         raw = run.raw
         durable = [
@@ -1320,50 +1226,6 @@ def report(run: Run, markdown: bool = False) -> str:
     for p in run.profiles:
         out += ["", *profile_lines(p)]
     return "\n".join(out)
-
-
-def comparison_lines(
-    broker: dict[str, Any], loads: Sequence[LoadFigure], markdown: bool
-) -> list[str]:
-    """The table of the cases measured on both buses, under what the broker was."""
-    peak = broker["peak_rss_bytes"]
-    rows: list[list[object]] = [
-        [
-            c["case"],
-            c["embedded_events_per_s"],
-            c["kafka_events_per_s"],
-            _ratio(c["kafka_over_embedded"]),
-            c["embedded_p95_ms"],
-            c["kafka_p95_ms"],
-            c["embedded_collector_cores"],
-            c["kafka_collector_cores"],
-            c["broker_cores"],
-        ]
-        for c in bus_comparison(loads)
-    ]
-    headers = [
-        "case (ack: durable)",
-        "embedded events/s",
-        "Kafka events/s",
-        "Kafka / embedded",
-        "embedded p95 ms",
-        "Kafka p95 ms",
-        "collector cores, embedded",
-        "collector cores, Kafka",
-        "broker cores",
-    ]
-    return [
-        f"embedded log (durability always) vs Kafka (acks=all), same run, same cases: Apache "
-        f"Kafka {broker['kafka_version']}, {broker['brokers']} broker (KRaft) on loopback, JVM "
-        f"{' '.join(broker['jvm_options'])}, sharing the 2 cores (broker cores), peak RSS "
-        + ("-" if peak is None else f"{fmt_number(peak / MB)} MB")
-        + ":",
-        print_table(headers, rows, markdown=markdown),
-    ]
-
-
-def _ratio(value: float) -> str:
-    return "-" if value != value else f"{value:.2f}x"
 
 
 def profile_lines(p: ProfileFigure) -> list[str]:
@@ -1409,11 +1271,6 @@ def to_json(run: Run) -> dict[str, Any]:
         "targets": [t.as_json() for t in run.targets],
         "profiles": [asdict(p) for p in run.profiles],
         "notes": run.notes,
-        **(
-            {"kafka_broker": run.broker, "bus_comparison": bus_comparison(run.loads)}
-            if run.broker is not None
-            else {}
-        ),
     }
 
 
@@ -1439,8 +1296,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--bus",
         choices=("embedded", "kafka"),
         default="embedded",
-        help="kafka: the durable cases on an Apache Kafka broker (acks=all) and, in the same "
-        "run, on the embedded log, compared (nothing else)",
+        help=f"embedded (the default); kafka is refused: {KAFKA_REMOVED}",
     )
     parser.add_argument(
         "--grpc-client",
@@ -1518,14 +1374,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.role:
         return run_role(args)
+    if args.bus == "kafka":
+        print(f"--bus kafka: {KAFKA_REMOVED}", file=sys.stderr)
+        return 2
     seconds = args.seconds if args.seconds is not None else (3.0 if args.quick else 10.0)
     started = time.perf_counter()
-    kafka = args.bus == "kafka"
-    if kafka:
-        from headwater.testing.kafka import broker_jars
-
-        broker_jars()  # fetched from Maven Central the first time: not under the time limit
-    watchdog((110 if args.quick else 330) + (60 if kafka else 0))  # a broker to start
+    watchdog(110 if args.quick else 330)
     fds = raise_fd_limit()
     if fds < IDLE_CONNECTIONS + 2_000:
         progress(f"open-file limit {fds}: too low for {IDLE_CONNECTIONS:,} idle connections")
@@ -1541,10 +1395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 idle_connections=2_000 if args.quick else IDLE_CONNECTIONS,
             )
             progress(f"benchmark directory {directory}")
-            if kafka:
-                compare_buses(run)
-            else:
-                measure(run)
+            measure(run)
             check_targets(run)
     finally:
         for proc in CHILDREN:
