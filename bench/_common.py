@@ -16,6 +16,7 @@ import os
 import platform
 import re
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -163,10 +164,12 @@ def arguments(
     markdown: bool = True,
     output: bool = True,
     keep: bool = True,
+    profile: str | None = None,
 ) -> argparse.ArgumentParser:
     """A benchmark's parser with the options they share: ``--quick`` (when ``quick`` is its
     help), ``--format`` (text, markdown unless not ``markdown``, json; unless not ``output``),
-    ``--dir`` and ``--keep`` (unless not ``keep``)."""
+    ``--dir``, ``--keep`` (unless not ``keep``) and ``--profile`` auto|always|never (when
+    ``profile`` is what it profiles)."""
     parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     if quick:
         parser.add_argument("--quick", action="store_true", help=quick)
@@ -183,6 +186,13 @@ def arguments(
     )
     if keep:
         parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    if profile:
+        parser.add_argument(
+            "--profile",
+            choices=("auto", "always", "never"),
+            default="auto",
+            help=f"py-spy {profile}: when a target is missed (auto), always, never",
+        )
     return parser
 
 
@@ -225,6 +235,21 @@ def machine_info(directory: Path) -> dict[str, Any]:
         "filesystem": filesystem_of(directory),
         "directory": str(directory),
     }
+
+
+def run_facts(directory: Path) -> dict[str, Any]:
+    """What every run's JSON starts with: the command that ran and the machine."""
+    return {"command": shlex.join(["python", *sys.argv]), "machine": machine_info(directory)}
+
+
+def machine_line(info: dict[str, Any]) -> str:
+    """``machine_info`` in a line: cores, CPU, memory, kernel, Python, the directory's device."""
+    fs = info["filesystem"]
+    return (
+        f"machine: {info['cpus']} cores ({info['cpu_model']}), {info['memory_gib']} GiB, "
+        f"Linux {info['kernel']}, Python {info['python']}; {info['directory']} on "
+        f"{fs['device']} ({fs['type']}, mounted at {fs['mount']})"
+    )
 
 
 def bench_directory(parent: Path | None, prefix: str) -> Path:
@@ -431,15 +456,6 @@ def percentile(sorted_samples: Sequence[float], q: float) -> float:
         return float("nan")
     rank = max(0, min(len(sorted_samples) - 1, round(q / 100 * len(sorted_samples)) - 1))
     return sorted_samples[rank]
-
-
-def median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    if not n:
-        return float("nan")
-    mid = n // 2
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _short_path(filename: str) -> str:

@@ -12,26 +12,20 @@ so the log and the disk reference share a filesystem):
 * the raw disk: sequential writes of 1 MiB blocks each followed by fdatasync (the reference that
   the ratios use), writes of log-batch-sized chunks with one fdatasync every N chunks where N is
   what group commit achieved (a "mirror" of the log's own I/O pattern);
-* the embedded log: append records/s and MB/s for 200-byte records in batches of 100 by 64
-  appenders (the target's count): 64 asyncio tasks awaiting
-  ``asyncio.wrap_future(bus.append(...))`` as the collector calls it, under ``always`` and
-  ``never``; 64 tasks in two appender processes through the collector's link under ``always``
-  and under ``never`` (no fdatasync: the ceiling of the appenders' and the writer's CPU on this
-  machine), each append encoded by its appender as the collector's workers do, and under
-  ``always`` again with each process's batch encoded once (the appenders as cheap as they can
-  be: the raw disk reference has no producer at all); then reading a topic back. (The link
-  sends the appends each appender process makes in one turn of its loop to one partition as
-  one merged batch, up to 256 KiB, as it does for the collector's workers: each append is
-  still answered on its own, once durable.)
-
+* the embedded log: records/s and MB/s of 200-byte records in batches of 100 appended by 64
+  appenders (the target's count), under ``always`` and ``never`` (no fdatasync: the ceiling of
+  the appenders' and the writer's CPU): 64 asyncio tasks awaiting
+  ``asyncio.wrap_future(bus.append(...))`` as the collector does; 64 tasks in two processes
+  through the collector's link (each process's appends of a loop turn merged, up to 256 KiB,
+  each still answered once durable), each append encoded by its appender as the collector's
+  workers do, and under ``always`` each process's batch encoded once (the cheapest appenders);
+  then reading a topic back.
 
 Targets: ``always`` appends with 64 appenders reach at least 50% of the raw disk MB/s, and reads
-reach at least 1M records/s. A miss is profiled with py-spy (when it is installed: ``$PY_SPY``,
-next to this Python or on ``PATH``) and the top costs are printed. (Fewer appenders, the
-``interval`` policy, OS threads, 4 partitions and the Kafka backend measured no target and were
-left out; see git history; the Kafka bus is measured against its target by
-``bench/pipeline.py --bus kafka``.)
-This is not a test: it always exits 0 unless it fails.
+reach at least 1M records/s. A miss is profiled with py-spy (``$PY_SPY``, next to this Python
+or on ``PATH``). Fewer appenders, the ``interval`` policy, OS threads, 4 partitions and the
+Kafka backend measured no target and were left out (git history; Kafka's target is
+``bench/pipeline.py --bus kafka``'s). This is not a test: it exits 0 unless it fails.
 """
 
 from __future__ import annotations
@@ -48,6 +42,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import uvloop
@@ -65,11 +60,12 @@ from _common import (
     find_py_spy,
     fmt_number,
     machine_info,
-    median,
+    machine_line,
     percentile,
     print_table,
     progress,
     py_spy_record,
+    run_facts,
     sample_process,
     scratch_directory,
 )
@@ -95,7 +91,6 @@ PY_SPY_RATE = 200
 # -- results ------------------------------------------------------------------------------------
 @dataclass
 class AppendFigure:
-    backend: str
     policy: str
     appenders: int
     # "asyncio", "link" (appender processes, as the collector's workers: each append
@@ -112,6 +107,7 @@ class AppendFigure:
     process_cores: float
     machine_busy: float
     refused: int = 0
+    backend: str = "embedded"  # the only one measured here
     ratio_to_raw: float | None = None
     ratio_to_mirror: float | None = None
 
@@ -141,15 +137,8 @@ class AppendFigure:
         return self.appends / self.fsyncs if self.fsyncs else None
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.update(
-            case=self.case,
-            records_per_s=self.records_per_s,
-            payload_mb_s=self.payload_mb_s,
-            disk_mb_s=self.disk_mb_s,
-            appends_per_fsync=self.appends_per_fsync,
-        )
-        return out
+        names = ("case", "records_per_s", "payload_mb_s", "disk_mb_s", "appends_per_fsync")
+        return {**asdict(self), **{name: getattr(self, name) for name in names}}
 
 
 @dataclass
@@ -424,7 +413,6 @@ def _window(
 def measure_appends(
     bus: Bus,
     *,
-    backend: str,
     policy: str,
     appenders: int,
     mode: str,
@@ -454,7 +442,6 @@ def measure_appends(
     run(warmup)
     window = run(seconds)
     figure = AppendFigure(
-        backend=backend,
         policy=policy,
         appenders=appenders,
         mode=mode,
@@ -588,7 +575,6 @@ def profile_appends(
         # outlasts py-spy, so that every sample is of the workload
         figure, _ = measure_appends(
             bus,
-            backend="embedded",
             policy="always",
             appenders=64,
             mode="asyncio",
@@ -662,7 +648,6 @@ def embedded_phase(run: Run) -> None:
             for appenders, mode, partitions in cases:
                 figure, topic = measure_appends(
                     bus,
-                    backend="embedded",
                     policy=policy,
                     appenders=appenders,
                     mode=mode,
@@ -730,16 +715,8 @@ def disk_phase(run: Run) -> None:
 
 
 def _primary(run: Run) -> AppendFigure | None:
-    for f in run.appends:
-        if (f.backend, f.policy, f.appenders, f.mode, f.partitions) == (
-            "embedded",
-            "always",
-            64,
-            "asyncio",
-            1,
-        ):
-            return f
-    return None
+    """The ``always`` case of 64 asyncio tasks in this process."""
+    return next((f for f in run.appends if (f.policy, f.mode) == ("always", "asyncio")), None)
 
 
 def _link_cases(run: Run) -> str:
@@ -749,7 +726,7 @@ def _link_cases(run: Run) -> str:
     durability costs nothing."""
     out = ""
     for f in run.appends:
-        if f.backend != "embedded" or not f.mode.startswith("link") or not f.ratio_to_raw:
+        if not f.mode.startswith("link") or not f.ratio_to_raw:
             continue
         if f.policy == "always" and f.mode == "link":
             out += (
@@ -767,14 +744,8 @@ def _link_cases(run: Run) -> str:
 def check_targets(run: Run) -> None:
     primary = _primary(run)
     if primary is not None and run.raw is not None:
-        best = max(
-            (
-                f
-                for f in run.appends
-                if f.backend == "embedded" and f.policy == "always" and f.appenders == 64
-            ),
-            key=lambda f: f.payload_mb_s,
-        )
+        durable = (f for f in run.appends if f.policy == "always")
+        best = max(durable, key=lambda f: f.payload_mb_s)
         run.targets.append(
             Target(
                 f"durable appends (always, 64 appenders, 1 partition; best: {best.case})",
@@ -787,9 +758,7 @@ def check_targets(run: Run) -> None:
                 + _link_cases(run),
             )
         )
-    embedded_reads = [r for r in run.reads if r.backend == "embedded"]
-    if embedded_reads:
-        r = embedded_reads[0]
+    for r in run.reads[:1]:
         run.targets.append(
             Target(
                 "reads (embedded, read(max_records=10000) over one partition)",
@@ -840,12 +809,8 @@ def append_rows(run: Run) -> tuple[list[str], list[list[object]]]:
 
 
 def report(run: Run, markdown: bool = False) -> str:
-    info = machine_info(run.directory)
-    fs = info["filesystem"]
     out = [
-        f"machine: {info['cpus']} cores ({info['cpu_model']}), {info['memory_gib']} GiB, "
-        f"Linux {info['kernel']}, Python {info['python']}",
-        f"directory: {run.directory} on {fs['device']} ({fs['type']}, mounted at {fs['mount']})",
+        machine_line(machine_info(run.directory)),
         f"workload: {RECORD_BYTES}-byte records (no key, no headers) in batches of "
         f"{BATCH_RECORDS} ({run.disk_bytes} bytes per batch on disk); {run.seconds:g} s per "
         f"case after {run.warmup:g} s of warm-up; the load generator runs in this process, on "
@@ -926,8 +891,7 @@ def profile_lines(profile: Profile) -> list[str]:
 
 def to_json(run: Run) -> dict[str, Any]:
     return {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine_info(run.directory),
+        **run_facts(run.directory),
         "steal_share": run.steal.share(),
         "workload": {
             "record_bytes": RECORD_BYTES,
@@ -947,15 +911,9 @@ def to_json(run: Run) -> dict[str, Any]:
 
 # -- main ---------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = arguments(__doc__, quick="a short run, under 40 s")
+    parser = arguments(__doc__, quick="a short run, under 40 s", profile="the target cases")
     parser.add_argument(
         "--seconds", type=float, default=None, help="seconds per case (default 3, --quick 1)"
-    )
-    parser.add_argument(
-        "--profile",
-        choices=("auto", "always", "never"),
-        default="auto",
-        help="profile the target cases: when they miss (auto), always, never",
     )
     parser.add_argument(
         "--skip-kafka",

@@ -6,17 +6,12 @@ Run from the repository root::
     .venv/bin/python bench/collector.py --quick         # a smoke run, under 60 s
     .venv/bin/python bench/collector.py --format json   # the same figures as JSON on stdout
 
-The collector runs in its own process, started through the ``headwater`` command line exactly as
-``headwater --config FILE collector --port 0 --grpc-port 0`` runs it, with its embedded log in a
-temporary directory under ``./data`` (``--dir``), and its default ``collector.workers: auto``
-(one intake process per core, forked by it): its CPU, RSS and PSS are those of all its
-processes together, and "loop thread" is the busiest of their event-loop threads. The load
-comes from other processes (this same script in a load-generator role, asyncio on uvloop with a
-hand-written WebSocket / HTTP/1.1 / HTTP/2 gRPC client that sends pre-built request bytes;
-``--grpc-client aio`` loads gRPC from grpc.aio's own client instead, which uses 2-3x the CPU per
-call of the hand-written one, on the same two cores). Everything talks over
-loopback, and everything shares this machine's cores: the figures are what the collector does
-with a load generator next to it, and the generators' CPU is printed beside them.
+The collector runs as ``headwater --config FILE collector --port 0 --grpc-port 0`` runs it, its
+log under ``./data`` (``--dir``), ``collector.workers: auto`` (an intake process per core): its
+CPU, RSS and PSS are all its processes' together, "loop thread" the busiest event loop. The load
+comes from this script in load-generator processes (uvloop, the clients of
+``headwater.testing.load``, pre-built request bytes; ``--grpc-client aio``: grpc.aio's client,
+2-3x the CPU a call), on the same cores over loopback; the generators' CPU is printed.
 
 Workload: Raccoon ``SendEventRequest``s of 100 events of 200 bytes (type ``click``; 21,351
 bytes as protobuf), each with its own ``req_guid``. What is measured, in one run:
@@ -48,9 +43,8 @@ py-spy on the collector under load (``$PY_SPY``, ``py-spy`` next to this Python,
 This is not a test: it exits 0 unless it fails. Every child process ends itself (time limits,
 and when this script goes away).
 
-``--bus kafka``, which compared the durable cases on one Apache Kafka broker with the embedded
-log, measured no target and was removed (see git history); the option is refused with that
-word. The Kafka bus is measured against its target by ``bench/pipeline.py --bus kafka``.
+``--bus kafka`` (the durable cases on a Kafka broker against the log) measured no target and was
+removed; the option says so and exits 2 (``bench/pipeline.py --bus kafka`` has Kafka's target).
 """
 
 from __future__ import annotations
@@ -87,12 +81,14 @@ from _common import (
     fmt_number,
     machine_busy_between,
     machine_info,
+    machine_line,
     parse_py_spy_raw,
     percentile,
     print_table,
     progress,
     py_spy_record_pid,
     raise_fd_limit,
+    run_facts,
     sample_process,
     sample_tree,
     say,
@@ -885,7 +881,6 @@ def raw_log_case(run: Run, partitions: int) -> RawFigure:
         with EmbeddedBus(directory, config) as bus:
             figure, _ = bus_bench.measure_appends(
                 bus,
-                backend="embedded",
                 policy="always",
                 appenders=RAW_APPENDERS,
                 mode="asyncio",
@@ -1022,16 +1017,6 @@ def collector_seconds(run: Run) -> float:
     return phase_s + 2 * (run.http_seconds + 10)
 
 
-def closed_cases(run: Run, collector: Collector) -> list[LoadFigure]:
-    """WebSocket, closed loop, at each connection count."""
-    return [websocket_case(run, collector, n) for n in run.connections]
-
-
-def http_cases(run: Run, collector: Collector) -> list[LoadFigure]:
-    """REST and gRPC, closed loop."""
-    return [http_case(run, collector, protocol) for protocol in ("REST", "gRPC")]
-
-
 def measure(run: Run) -> None:
     args = run.args
     py_spy = find_py_spy()
@@ -1046,10 +1031,10 @@ def measure(run: Run) -> None:
     # (1)-(3) durable: WebSocket, paced, REST, gRPC, then a profile when a target is missed
     collector = start_collector(run.directory, "durable", phase_s)
     try:
-        run.loads += closed_cases(run, collector)
+        run.loads += [websocket_case(run, collector, n) for n in run.connections]
         largest = run.connections[-1]
         run.loads.append(websocket_case(run, collector, largest, TARGET_PACED_EVENTS_S))
-        run.loads += http_cases(run, collector)
+        run.loads += [http_case(run, collector, protocol) for protocol in ("REST", "gRPC")]
         missed = not all(t.passed for t in targets(run.loads, None))
         if args.profile == "always" or (args.profile == "auto" and missed):
             run.profiles.append(profile_collector(run, collector, largest, py_spy))
@@ -1118,10 +1103,6 @@ def targets(loads: Sequence[LoadFigure], idle: IdleFigure | None) -> list[Target
     return out
 
 
-def check_targets(run: Run) -> None:
-    run.targets += targets(run.loads, run.idle)
-
-
 # -- output ---------------------------------------------------------------------------------------
 def load_rows(loads: Sequence[LoadFigure]) -> tuple[list[str], list[list[object]]]:
     headers = [
@@ -1163,12 +1144,8 @@ def load_rows(loads: Sequence[LoadFigure]) -> tuple[list[str], list[list[object]
 
 
 def report(run: Run, markdown: bool = False) -> str:
-    info = machine_info(run.directory)
-    fs = info["filesystem"]
     out = [
-        f"machine: {info['cpus']} cores ({info['cpu_model']}), {info['memory_gib']} GiB, "
-        f"Linux {info['kernel']}, Python {info['python']}; log on {fs['device']} "
-        f"({fs['type']})",
+        machine_line(machine_info(run.directory)),
         f"workload: Raccoon SendEventRequest of {EVENTS_PER_BATCH} events x {EVENT_BYTES} B "
         f"({len(request_template()):,} B), a new req_guid each; WebSocket: at most {IN_FLIGHT} "
         f"in flight per connection; {run.seconds:g} s per case after {run.warmup:g} s warm-up "
@@ -1251,8 +1228,7 @@ def profile_lines(p: ProfileFigure) -> list[str]:
 
 def to_json(run: Run) -> dict[str, Any]:
     return {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine_info(run.directory),
+        **run_facts(run.directory),
         "background_cores_before": run.background_cores,
         "steal_share": run.steal.share(),
         "workload": {
@@ -1276,15 +1252,9 @@ def to_json(run: Run) -> dict[str, Any]:
 
 # -- main -----------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = arguments(__doc__, quick="a smoke run, under 60 s")
+    parser = arguments(__doc__, quick="a smoke run, under 60 s", profile="the collector under load")
     parser.add_argument(
         "--seconds", type=float, default=None, help="WebSocket window (default 10, --quick 3)"
-    )
-    parser.add_argument(
-        "--profile",
-        choices=("auto", "always", "never"),
-        default="auto",
-        help="py-spy the collector under load: when a target is missed (auto), always, never",
     )
     parser.add_argument(
         "--generators",
@@ -1396,7 +1366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             progress(f"benchmark directory {directory}")
             measure(run)
-            check_targets(run)
+            run.targets += targets(run.loads, run.idle)
     finally:
         for proc in CHILDREN:
             if proc.poll() is None:

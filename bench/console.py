@@ -17,16 +17,12 @@ The data is made first, in a temporary directory under ./data (or --dir):
   a tenth of them FAILED (with an attempt), the rest DONE or waiting;
 * the log: ``--events`` events on one topic of two partitions.
 
-Then ``headwater console`` runs in a child process (as an operator would run it, the log opened
-read-only), and a client logs in and loads each page ``--loads`` times, one at a time. A page's
-time is from sending the request to the last byte of the HTML. The pages: the overview, the
-failed events (first page, filtered by destination, by a rare code, a page deep in the store,
-one event by id: the oldest, the worst case), the webhooks (all, FAILED, one source), the
-destinations, the live page, the transport page, the configuration.
-
-The failed events pages read an index the console keeps in memory (``FailedIndex``), built
-from the store when the console starts and then fed only what is appended; the first page
-loaded after the start waits for it to be built and is reported on its own line.
+Then ``headwater console`` runs in a child process (the log read-only) and a logged-in client
+loads each page ``--loads`` times, one at a time, request to the HTML's last byte: the overview,
+the failed events (first page, by destination, by a rare code, deep in the store, the oldest by
+id), the webhooks (all, FAILED, one source), destinations, live, transport, configuration. The
+failed events pages read the console's in-memory index (``FailedIndex``); the first page after
+the start waits for it to be built and is reported on its own line.
 
 References, in the same run: ``GET /healthz`` from the same server (the HTTP round trip and
 the framework, nothing read), and reading the whole failed store as ``headwater failed list``
@@ -52,12 +48,13 @@ import requests
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from statistics import median
+
 from _common import (
     arguments,
     bench_directory,
     emit_json,
     machine_info,
-    median,
     percentile,
     print_table,
     progress,

@@ -12,14 +12,11 @@ The receiver is an aiohttp server in its own process that un-gzips each body and
 lines (NDJSON), answering at once or in 50 ms. Events are ~300-byte JSON objects; NDJSON, gzip
 (level 1), at most 64 sessions sending at once per task.
 
-1. **The pipeline** (Spark ``local[2]``, the embedded log; the receiver shares the 2 cores):
-   ``--pipeline-events`` events (1M by default is what docs/benchmarks.md reports; 500k here
-   by default) on the log, one batch run (``Trigger.AvailableNow``, the query's start and stop
-   included) of an ``http`` destination with ``group_by`` over 100 sessions, ``max_batch_bytes``
-   1 MB. The reference POSTs the bodies the receiver got (recorded, gzip'd again at level 1), 64
-   at a time. Then, with the receiver answering in 50 ms and 64 kB bodies: 10, 100 and 1,000
-   sessions (throughput against sessions). (A session per task measured no target and was left
-   out.)
+1. **The pipeline** (Spark ``local[2]``, the embedded log): ``--pipeline-events`` events
+   (default 500k; docs/benchmarks.md reports 1M), one batch run (start and stop included) of an
+   ``http`` destination with ``group_by`` over 100 sessions, 1 MB bodies; the reference POSTs
+   the bodies the receiver got, 64 at a time. Then against a 50 ms receiver with 64 kB bodies:
+   10, 100 and 1,000 sessions. (A session per task measured no target and was left out.)
 2. **One task's delivery** (``--events`` rows over ``--sessions`` keys, as a task hands them
    over): packs per session, batches, gzip, one request in flight per session, and the bare
    client posting the very bodies it sent, ``--runs`` times in one process (the first run is

@@ -9,25 +9,20 @@ Run from the repository root::
     .venv/bin/python bench/pipeline.py --bus kafka              # the batch case from Kafka too
     .venv/bin/python bench/pipeline.py --bus kafka --events 20000   # quick
 
-What it measures, in one run, on the same ``--events`` clickstream events (nested objects,
-20-40 fields, some type drift: a price that is an integer, a float or text; a flag that is a
-boolean or a number) appended once to an embedded log (topic ``events-track``, 2 partitions,
-with the context headers the collector writes), Spark ``local[2]`` (issue 8):
+What it measures, in one run, on the same ``--events`` clickstream events (nested, 20-40
+fields, some type drift) appended once to an embedded log (topic ``events-track``, 2
+partitions, the collector's context headers), Spark ``local[2]`` (issue 8):
 
-1. **Batch mode, DuckDB and PostgreSQL.** Each destination's query with
-   ``Trigger.AvailableNow`` (``headwater pipeline --once`` in-process) until every event is a
-   row; Spark is started and warmed by a small run first. Figures: events/s (wall), the peak RSS
-   of the whole process tree (driver, JVM, Python workers; the PostgreSQL server, a daemon of
-   its own, is not in it), and the rows and columns that landed, checked: every event exactly
-   once. PostgreSQL is a throwaway server started with ``headwater.testing.postgres``. DuckDB
-   runs a second time on the same events in micro-batches of a quarter of them
-   (``max_records_per_trigger``): the peak RSS must not grow with the batch size.
+1. **Batch mode, DuckDB and PostgreSQL** (a throwaway server, ``headwater.testing.postgres``):
+   each destination's query with ``Trigger.AvailableNow`` in-process after a warm-up run.
+   Figures: events/s, the peak RSS of the process tree (driver, JVM, Python workers), the rows
+   and columns landed, checked exactly once. DuckDB again in micro-batches of a quarter of the
+   events (``max_records_per_trigger``): the peak RSS must not grow with the batch size.
 2. **Reference 1: naive PySpark** (``bench/naive_pyspark.py``) in its own process on the same
    events' JSON (an NDJSON file): ``spark.read.json`` with inference, structs flattened,
    ``toArrow()``, DuckDB ``CREATE TABLE AS``; timed there after a warm-up on a sample, with its
    own peak RSS. Ratio headwater / naive.
-   (dlt, once a second reference, measured no target and was left out; ``--skip-dlt`` is
-   accepted and changes nothing.)
+   (dlt measured no target and was left out; ``--skip-dlt`` changes nothing.)
 3. **Fixed cost.** ``headwater pipeline --once`` as the CLI in a subprocess on a fresh data
    dir holding ``--fixed-events`` events: wall time, JVM start included.
 4. **Stream mode.** The DuckDB destination in ``mode: stream`` (trigger every ``--trigger-s``)
@@ -42,20 +37,13 @@ with the context headers the collector writes), Spark ``local[2]`` (issue 8):
 
 Each target of issue 8 is printed next to its figure, met or missed, with the command run.
 
-``--bus kafka`` (default ``embedded``: everything above) measures the batch DuckDB case read
-from Apache Kafka, against the same case on the embedded log in the same run: one Apache Kafka
-broker (``headwater.testing.kafka``, KRaft on loopback, JVM ``_common.KAFKA_JVM``: G1, C2 on),
-Spark built with its Kafka connector (``spark_session(..., kafka=True)``), the same events
-appended once to topic ``events-track`` (2 partitions, the same headers) on the broker and on
-the embedded log, each path warmed up first (on Kafka from a topic of its own,
-``events-warmup``: the Kafka destinations name their topic, the broker's topics being shared
-by every run on it), then the embedded log's run and Kafka's (``bus.backend: kafka``: Spark's
-Kafka connector reads the records). Figures: each run's events/s, peak RSS of the process tree
-and rows landed, and the ratio Kafka / embedded log, with the target (within 20%: >= 0.8x). The
-broker is a child of this process but not the pipeline's: it is left out of the tree's RSS, and
-its own peak RSS (VmHWM over its life: warm-up, fill and both runs) is printed apart. Nothing
-else runs in that mode (PostgreSQL, naive PySpark, the 1/4-size batches, fixed cost and
-stream mode measure the embedded log alone: a default run has them).
+``--bus kafka`` (default ``embedded``) measures only the batch DuckDB case, read from one
+Apache Kafka broker (``headwater.testing.kafka``, KRaft on loopback, JVM ``_common.KAFKA_JVM``)
+through Spark's Kafka connector and, in the same run, from the embedded log: the same events on
+both (topic ``events-track``, 2 partitions, the same headers), each path warmed up first (on
+Kafka from its own topic, ``events-warmup``). Figures: each run's events/s, peak RSS (the
+broker, a child of this process, left out; its own VmHWM printed apart) and rows landed, and
+the ratio Kafka / embedded log against its target (within 20%: >= 0.8x).
 """
 
 from __future__ import annotations
@@ -72,6 +60,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from contextlib import nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,14 +73,15 @@ from _common import (
     emit_json,
     fmt_number,
     kafka_broker,
-    machine_info,
     percentile,
     print_table,
     progress,
+    run_facts,
 )
 from headwater.bus import Message, open_bus
 from headwater.bus import context as ctx
 from headwater.config.model import HeadwaterConfig
+from headwater.testing.postgres import start_postgres
 
 if TYPE_CHECKING:
     from headwater.testing.kafka import KafkaCluster
@@ -554,29 +544,6 @@ def scratch_database(dsn: str) -> str:
     return make_conninfo(dsn, dbname="hw_warmup")
 
 
-@contextlib.contextmanager
-def maybe_postgres(wanted: bool) -> Iterator[Any]:
-    """A throwaway PostgreSQL server (headwater.testing's, as the tests start it), or None."""
-    if not wanted:
-        yield None
-        return
-    from headwater.testing.postgres import start_postgres
-
-    progress("starting a throwaway PostgreSQL")
-    with start_postgres() as service:
-        yield service
-
-
-@contextlib.contextmanager
-def maybe_kafka(wanted: bool) -> Iterator[KafkaCluster | None]:
-    """A throwaway Apache Kafka broker (headwater.testing's, on the benchmarks' JVM), or None."""
-    if not wanted:
-        yield None
-        return
-    with kafka_broker() as kafka:
-        yield kafka
-
-
 # -- the run --------------------------------------------------------------------------------------
 def main() -> None:
     parser = arguments(__doc__, markdown=False)
@@ -637,19 +604,13 @@ def main() -> None:
     from headwater.pipeline.spark import spark_session
 
     root = bench_directory(args.dir, "bench-pipeline-")
-    python = (
-        os.path.relpath(sys.executable)
-        if sys.executable.startswith(os.getcwd())
-        else sys.executable
-    )
-    out: dict[str, Any] = {
-        "command": shlex.join([python, *sys.argv]),
-        "machine": machine_info(root),
-    }
+    out: dict[str, Any] = run_facts(root)
     try:
         with (
-            maybe_postgres(not args.skip_batch and not args.skip_postgres) as pg,
-            maybe_kafka(args.bus == "kafka") as kafka,
+            start_postgres()
+            if not args.skip_batch and not args.skip_postgres
+            else nullcontext() as pg,
+            kafka_broker() if args.bus == "kafka" else nullcontext() as kafka,
         ):
             connector = " with Spark's Kafka connector" if kafka is not None else ""
             progress(f"starting Spark (local[2]){connector}")

@@ -9,12 +9,11 @@ Run from the repository root::
     .venv/bin/python bench/transport.py --profile         # and py-spy on one more reader run
     .venv/bin/python bench/transport.py --dsn postgresql://user@host/db   # a server of yours
 
-The server: by default a throwaway PostgreSQL 15 cluster on loopback
-(``headwater.testing.postgres``: ``wal_level=logical`` and, as for the tests, ``fsync=off``,
-``synchronous_commit=off``, ``full_page_writes=off``); ``--dsn`` names a server of your own
-(``wal_level=logical``, two free replication slots, three with ``--profile``), where the
-benchmark makes and drops its table ``bench_transport_rows``, publication ``bench_transport``
-and slots ``bench_transport_*``.
+The server: a throwaway PostgreSQL 15 on loopback (``headwater.testing.postgres``: logical WAL,
+``fsync``, ``synchronous_commit`` and ``full_page_writes`` off, as for the tests), or yours at
+``--dsn`` (logical WAL, two free slots, three with ``--profile``), where the benchmark makes and
+drops table ``bench_transport_rows``, publication ``bench_transport``, slots
+``bench_transport_*``.
 
 Two scenarios, each over one table of ~200-byte rows (a bigint key, text, numeric,
 timestamptz, jsonb) that is not vacuumed during the run:
@@ -39,17 +38,11 @@ speed, one after the other, while nothing else is written:
    every 10 ms). The log is then checked: it holds every change once (plus the table's schema
    message, one per partition).
 
-Also reported, as cores (CPU seconds / elapsed) and as microseconds a change: the CPU of the
-reader's thread and how long it waited, runnable, for a CPU (``/proc``'s schedstat: other work
-on the machine shows there), of its process's other threads (the log's writer and syncer), and
-of the server's walsender that decodes for each consumer (a local server only); the machine's
-CPU use; the reader process's and ``pg_recvlogical``'s peak RSS (VmHWM). ``--profile``
-runs the reader once more over the insert backlog (from a third slot) under py-spy and prints
-where its thread spends its time; that run is not a measured one.
-
-``--no-mirror`` is accepted and changes nothing: the DuckDB mirror the benchmark also ran
-measured no target and was removed (its last figures are in docs/benchmarks.md, the code in git
-history).
+Also reported, as cores and as microseconds a change: the reader thread's CPU and its wait
+for a CPU (schedstat), its process's other threads (the log's), the walsender decoding for each
+consumer (a local server only), the machine; peak RSS (VmHWM) of both consumers. ``--profile``
+runs the reader once more (a third slot, not measured) under py-spy. ``--no-mirror`` changes
+nothing: the DuckDB mirror measured no target and was removed (see git history).
 
 Target (issue 12): >= 20,000 changes/s onto the log, and the ratio to ``pg_recvlogical``
 written down. This is not a test: it always exits 0 unless it fails.
@@ -84,12 +77,12 @@ from _common import (
     emit_json,
     find_py_spy,
     machine_busy_between,
-    machine_info,
     parse_py_spy_raw,
     peak_rss,
     print_table,
     progress,
     py_spy_samples,
+    run_facts,
     sample_process,
     say,
     start_py_spy,
@@ -597,8 +590,7 @@ def measure(args: argparse.Namespace, dsn: str, directory: Path) -> dict[str, An
             source.cleanup()
         source.close()
     return {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine_info(directory),
+        **run_facts(directory),
         "server": {"dsn_given": bool(args.dsn), **settings},
         "workload": {
             "changes": n,
@@ -725,26 +717,10 @@ def report(result: dict[str, Any], markdown: bool) -> str:
     for s in result["scenarios"]:
         for t in s["profile"][:3]:
             out += ["", f"py-spy, {s['name']}, thread {t['thread']}: {t['samples']} samples"]
-            out.append(
-                print_table(
-                    ["running (self)", "samples", "share"],
-                    [
-                        [f["function"], f["samples"], f"{f['samples'] / t['samples']:.0%}"]
-                        for f in t["self"]
-                    ],
-                    markdown=markdown,
-                )
-            )
-            out.append(
-                print_table(
-                    ["on the stack (inclusive)", "samples", "share"],
-                    [
-                        [f["function"], f["samples"], f"{f['samples'] / t['samples']:.0%}"]
-                        for f in t["inclusive"]
-                    ],
-                    markdown=markdown,
-                )
-            )
+            for key, title in (("self", "running (self)"), ("inclusive", "on the stack")):
+                rows = [[f["function"], f["samples"], f["samples"] / t["samples"]] for f in t[key]]
+                share = [[f, n, f"{x:.0%}"] for f, n, x in rows]
+                out.append(print_table([title, "samples", "share"], share, markdown=markdown))
     return "\n".join(out)
 
 

@@ -11,14 +11,11 @@ Run from the repository root::
 
 Processes (all on loopback, all sharing this machine's cores):
 
-- the receiver: an aiohttp server (uvloop) answering every ``POST /hooks`` with 200 and a small
-  JSON result (a sync response) and every ``POST /callback`` (the sender's callback endpoint)
-  with 200; it notes when each message arrived;
-- headwater as ``headwater up`` runs it, without Spark: the collector's intake (with the webhook
-  intake) in ``collector.workers`` processes, one per core, and the webhook workers in the
-  process that holds the embedded log; state embedded or Redis;
-- the load: this script, an aiohttp client (``headwater.testing.load.http1.post_concurrently``)
-  with ``--concurrency`` requests in flight.
+- the receiver (aiohttp, uvloop): ``POST /hooks`` answered 200 with a small JSON result (a sync
+  response), ``POST /callback`` (the sender's) 200; it notes when each message arrived;
+- headwater as ``headwater up`` runs it without Spark: the intake in ``collector.workers``
+  processes, the webhook workers in the one holding the log; state embedded or Redis;
+- the load: ``headwater.testing.load.http1.post_concurrently``, ``--concurrency`` in flight.
 
 Figures:
 
