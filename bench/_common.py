@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -98,6 +98,15 @@ def fmt_number(value: float) -> str:
 def emit_json(document: object) -> None:
     json.dump(document, sys.stdout, indent=2, default=_json_default)
     sys.stdout.write("\n")
+
+
+def output(fmt: str, document: Callable[[], object], report: Callable[[bool], str]) -> None:
+    """The run's figures on stdout: ``document()`` as JSON for ``--format json``, else the text
+    of ``report(markdown)``."""
+    if fmt == "json":
+        emit_json(document())
+    else:
+        print(report(fmt == "markdown"))
 
 
 def _json_default(value: object) -> object:

@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import Any, ClassVar
 
 import uvloop
 
@@ -56,11 +56,11 @@ from _common import (
     Target,
     ThreadSamples,
     arguments,
-    emit_json,
     find_py_spy,
     fmt_number,
     machine_info,
     machine_line,
+    output,
     percentile,
     print_table,
     progress,
@@ -89,8 +89,35 @@ PY_SPY_RATE = 200
 
 
 # -- results ------------------------------------------------------------------------------------
+class Figure:
+    """A dataclass of figures whose JSON is its fields and the properties ``JSON`` names (JSON
+    key: property)."""
+
+    JSON: ClassVar[tuple[str, ...]] = ()  # "key" or "key:property"
+
+    def as_dict(self) -> dict[str, Any]:
+        pairs = [name.partition(":")[::2] for name in self.JSON]
+        named = {key: getattr(self, name or key) for key, name in pairs}
+        return {**asdict(self), **named}  # type: ignore[call-overload]
+
+
+class RecordsFigure(Figure):
+    """Figures of ``records`` moved in ``seconds``."""
+
+    records: int
+    seconds: float
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds
+
+    @property
+    def payload_mb_s(self) -> float:
+        return self.records * RECORD_BYTES / self.seconds / MB
+
+
 @dataclass
-class AppendFigure:
+class AppendFigure(RecordsFigure):
     policy: str
     appenders: int
     # "asyncio", "link" (appender processes, as the collector's workers: each append
@@ -121,14 +148,6 @@ class AppendFigure:
         return f"{self.backend} {self.policy} {workers} {self.partitions}p"
 
     @property
-    def records_per_s(self) -> float:
-        return self.records / self.seconds
-
-    @property
-    def payload_mb_s(self) -> float:
-        return self.records * RECORD_BYTES / self.seconds / MB
-
-    @property
     def disk_mb_s(self) -> float:
         return self.appends * self.batch_disk_bytes / self.seconds / MB
 
@@ -136,13 +155,11 @@ class AppendFigure:
     def appends_per_fsync(self) -> float | None:
         return self.appends / self.fsyncs if self.fsyncs else None
 
-    def as_dict(self) -> dict[str, Any]:
-        names = ("case", "records_per_s", "payload_mb_s", "disk_mb_s", "appends_per_fsync")
-        return {**asdict(self), **{name: getattr(self, name) for name in names}}
+    JSON = ("case", "records_per_s", "payload_mb_s", "disk_mb_s", "appends_per_fsync")
 
 
 @dataclass
-class ReadFigure:
+class ReadFigure(RecordsFigure):
     topic: str
     records: int
     seconds: float
@@ -151,20 +168,11 @@ class ReadFigure:
     process_cores: float
     backend: str = "embedded"  # the only one measured here
 
-    @property
-    def records_per_s(self) -> float:
-        return self.records / self.seconds
-
-    @property
-    def payload_mb_s(self) -> float:
-        return self.records * RECORD_BYTES / self.seconds / MB
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "records_per_s": self.records_per_s, "mb_s": self.payload_mb_s}
+    JSON = ("records_per_s", "mb_s:payload_mb_s")
 
 
 @dataclass
-class DiskFigure:
+class DiskFigure(Figure):
     name: str
     chunk_bytes: int
     chunks_per_fsync: int
@@ -180,8 +188,7 @@ class DiskFigure:
     def fsyncs_per_s(self) -> float:
         return self.fsyncs / median(self.seconds)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "mb_s": self.mb_s, "fsyncs_per_s": self.fsyncs_per_s}
+    JSON = ("mb_s", "fsyncs_per_s")
 
 
 @dataclass
@@ -936,10 +943,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 profile_appends(directory, seconds, batch, run.disk_bytes, find_py_spy()),
             )
         progress(f"done in {time.perf_counter() - started:.0f} s")
-        if args.format == "json":
-            emit_json(to_json(run))
-        else:
-            print(report(run, markdown=args.format == "markdown"))
+        output(args.format, lambda: to_json(run), lambda markdown: report(run, markdown))
     return 0
 
 

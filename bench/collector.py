@@ -76,12 +76,12 @@ from _common import (
     Target,
     arguments,
     cores_between,
-    emit_json,
     find_py_spy,
     fmt_number,
     machine_busy_between,
     machine_info,
     machine_line,
+    output,
     parse_py_spy_raw,
     percentile,
     print_table,
@@ -1372,10 +1372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if proc.poll() is None:
                 kill(proc)
     progress(f"done in {time.perf_counter() - started:.0f} s")
-    if args.format == "json":
-        emit_json(to_json(run))
-    else:
-        print(report(run, markdown=args.format == "markdown"))
+    output(args.format, lambda: to_json(run), lambda markdown: report(run, markdown))
     return 0
 
 

@@ -545,47 +545,43 @@ def scratch_database(dsn: str) -> str:
 
 
 # -- the run --------------------------------------------------------------------------------------
+NUMBERS: tuple[tuple[str, type, float, str | None], ...] = (  # flag, type, default, help
+    ("--events", int, 1_000_000, None),
+    ("--fixed-events", int, 1_000, None),
+    ("--rate", float, 5000.0, None),
+    ("--stream-seconds", float, 30.0, None),
+    ("--trigger-s", float, 1.0, None),
+    (
+        "--stream-warmup-s",
+        float,
+        30.0,
+        "stream mode: seconds of load before the measured window (Spark compiles the query's "
+        "code in its first micro-batches; a cold start is not the steady state)",
+    ),
+    ("--ladder-warmup-s", float, 10.0, None),
+    ("--ladder-seconds", float, 15.0, None),
+    ("--drain-s", float, 30.0, "after a window, how long its events may take to all be visible"),
+    ("--max-rate", float, 160_000.0, None),
+    ("--ladder-budget-s", float, 300.0, "no ladder step starts past this many seconds of ladder"),
+    ("--p95-limit-s", float, 3.0, None),
+)
+SKIPS: tuple[tuple[str, str | None], ...] = (
+    ("--skip-batch", "no batch nor naive"),
+    ("--skip-postgres", None),
+    ("--skip-naive", None),
+    ("--skip-small-batches", "no second DuckDB run in micro-batches of a quarter of the events"),
+    ("--skip-dlt", "no effect: dlt was removed"),
+    ("--skip-fixed", None),
+    ("--skip-stream", None),
+)
+
+
 def main() -> None:
     parser = arguments(__doc__, markdown=False)
-    parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--fixed-events", type=int, default=1_000)
-    parser.add_argument("--rate", type=float, default=5000.0)
-    parser.add_argument("--stream-seconds", type=float, default=30.0)
-    parser.add_argument("--trigger-s", type=float, default=1.0)
-    parser.add_argument(
-        "--stream-warmup-s",
-        type=float,
-        default=30.0,
-        help="stream mode: seconds of load before the measured window (Spark compiles the "
-        "query's code in its first micro-batches; a cold start is not the steady state)",
-    )
-    parser.add_argument("--ladder-warmup-s", type=float, default=10.0)
-    parser.add_argument("--ladder-seconds", type=float, default=15.0)
-    parser.add_argument(
-        "--drain-s",
-        type=float,
-        default=30.0,
-        help="after a window, how long its events may take to all be visible",
-    )
-    parser.add_argument("--max-rate", type=float, default=160_000.0)
-    parser.add_argument(
-        "--ladder-budget-s",
-        type=float,
-        default=300.0,
-        help="no ladder step starts past this many seconds of ladder",
-    )
-    parser.add_argument("--p95-limit-s", type=float, default=3.0)
-    parser.add_argument("--skip-batch", action="store_true", help="no batch nor naive")
-    parser.add_argument("--skip-postgres", action="store_true")
-    parser.add_argument("--skip-naive", action="store_true")
-    parser.add_argument(
-        "--skip-small-batches",
-        action="store_true",
-        help="no second DuckDB run in micro-batches of a quarter of the events (memory vs size)",
-    )
-    parser.add_argument("--skip-dlt", action="store_true", help="no effect: dlt was removed")
-    parser.add_argument("--skip-fixed", action="store_true")
-    parser.add_argument("--skip-stream", action="store_true")
+    for flag, kind, default, help_text in NUMBERS:
+        parser.add_argument(flag, type=kind, default=default, help=help_text)
+    for flag, help_text in SKIPS:
+        parser.add_argument(flag, action="store_true", help=help_text)
     parser.add_argument(
         "--bus",
         choices=["embedded", "kafka"],

@@ -74,9 +74,9 @@ from _common import (
     ProcessSample,
     arguments,
     bench_directory,
-    emit_json,
     find_py_spy,
     machine_busy_between,
+    output,
     parse_py_spy_raw,
     peak_rss,
     print_table,
@@ -810,10 +810,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     progress(f"done in {time.perf_counter() - started:.0f} s")
-    if args.format == "json":
-        emit_json(result)
-    else:
-        print(report(result, markdown=args.format == "markdown"))
+    output(args.format, lambda: result, lambda markdown: report(result, markdown))
     return 0
 
 
