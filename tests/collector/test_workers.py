@@ -27,15 +27,10 @@ from headwater.bus import open_bus
 from headwater.collector.protocols import raccoon
 from headwater.config.loader import load_config
 from headwater.testing import clients
-from headwater.testing.clients import (
-    OP_BINARY,
-    HttpConnection,
-    RawWebSocket,
-    raccoon_request,
-    raccoon_response,
-)
+from headwater.testing.clients import OP_BINARY, RawWebSocket, raccoon_request, raccoon_response
 from headwater.testing.collector import CollectorProcess
 from headwater.testing.kafka import KafkaCluster
+from headwater.testing.load.http1 import HttpConnection
 from headwater.testing.proc_tree import tree_pids
 from headwater.testing.webhooks import wait_until
 

@@ -6,11 +6,10 @@
   including ones a real client library refuses to (bad opcodes, reserved bits, unmasked frames,
   invalid UTF-8 text, lying lengths), and read the server's frames back.
 - ``http_exchange``: send raw bytes to an HTTP server and read one response, if any, within a
-  deadline; ``request_bytes`` makes such bytes;
-- ``HttpConnection``: one keep-alive HTTP/1.1 connection on raw streams (its client port known),
-  one request at a time, Raccoon REST batches among them.
+  deadline.
 
-The load clients (many requests in flight, pre-built bytes) are in ``headwater.testing.load``.
+The load clients (a keep-alive connection, many requests in flight, pre-built bytes) are in
+``headwater.testing.load``.
 
 Everything here is bounded in time: every read takes a timeout.
 """
@@ -115,75 +114,6 @@ async def http_exchange(
         return await read_response(reader, timeout)
     finally:
         await close_writer(writer)
-
-
-def request_bytes(
-    host: str,
-    method: str,
-    path: str,
-    body: bytes = b"",
-    content_type: str = "application/proto",
-    extra: str = "",
-    *,
-    close: bool = False,
-) -> bytes:
-    """An HTTP/1.1 request: ``host`` as its Host, ``extra`` header lines (each ending in CRLF)
-    after the content headers, ``Connection: close`` when ``close``."""
-    connection = "Connection: close\r\n" if close else ""
-    head = (
-        f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\n{connection}{extra}\r\n"
-    )
-    return head.encode() + body
-
-
-class HttpConnection:
-    """One keep-alive HTTP/1.1 connection on raw streams, one request at a time."""
-
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        host: str,
-        timeout: float,
-        event_type: str,
-    ) -> None:
-        self.reader, self.writer = reader, writer
-        self.host, self.timeout, self.event_type = host, timeout, event_type
-        self.port: int = writer.get_extra_info("sockname")[1]  # the client's port
-
-    @classmethod
-    async def open(
-        cls, host: str, port: int, *, timeout: float = 10.0, event_type: str = "click"
-    ) -> HttpConnection:
-        """A connection to ``host:port``; each answer awaited ``timeout`` seconds at most;
-        ``event_type``: the Raccoon events' type ``post`` sends."""
-        return cls(*await asyncio.open_connection(host, port), host, timeout, event_type)
-
-    async def request(self, method: str, path: str, body: bytes = b"") -> RawResponse:
-        """The answer (``OSError`` when the connection fails first)."""
-        self.writer.write(request_bytes(self.host, method, path, body))
-        await self.writer.drain()
-        response = await read_response(self.reader, self.timeout)
-        if response is None:
-            raise ConnectionResetError(f"no answer to {method} {path}")
-        return response
-
-    async def post(self, guid: str, values: Sequence[bytes], event_type: str | None = None) -> bool:
-        """A Raccoon REST batch of ``values`` (of ``event_type``, default the connection's);
-        True once acked."""
-        kind = event_type or self.event_type
-        body = raccoon_request(guid, [(kind, v) for v in values])
-        r = await self.request("POST", "/api/v1/events", body)
-        return r.status == 200 and raccoon_response(r.body).status == raccoon.Status.SUCCESS
-
-    async def metrics(self) -> str:
-        r = await self.request("GET", "/metrics")
-        assert r.status == 200, r
-        return r.body.decode()
-
-    async def close(self) -> None:
-        await close_writer(self.writer)
 
 
 async def close_writer(writer: asyncio.StreamWriter) -> None:

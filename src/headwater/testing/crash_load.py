@@ -28,8 +28,8 @@ from headwater.testing.clients import (
     http_exchange,
     raccoon_request,
     raccoon_response,
-    request_bytes,
 )
+from headwater.testing.load.http1 import request_bytes
 
 WRITE_KEY = "crash-test-key"
 RACCOON_TYPES = ("crash", "crash-b")  # topics clickstream-crash-log, clickstream-crash-b-log
