@@ -14,10 +14,9 @@ value and the next header's name length, gives the names and the values with a `
 A read starting or ending inside a batch slices the built batch (``RecordBatch.slice``): no copy.
 Consecutive small batches (the collector appends a request's events together, often a few
 hundred) are built together into batches of up to ``ROWS_PER_BATCH`` rows: a built batch has a
-fixed cost of some 200 us, so one per stored batch of 100 records cost twice the time per record
-(``bench/source.py``). Building several together copies their keys, values and headers once,
-which costs more than that fixed cost from about 1 MiB on: a stored batch that large is built
-alone, zero-copy.
+fixed cost of some 200 us, so one per stored batch of 100 records cost twice the time per
+record. Building several together copies their keys, values and headers once, which costs more
+than that fixed cost from about 1 MiB on: a stored batch that large is built alone, zero-copy.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from headwater.bus.embedded.partition import BatchSpan
 from headwater.bus.errors import CorruptLog
 
 ROWS_PER_BATCH = 16_384
-ALONE_BYTES = 1 << 20  # a stored batch this large is built alone (bench/source.py)
+ALONE_BYTES = 1 << 20  # a stored batch this large is built alone
 MAX_BYTES = 64 << 20  # stored bytes built together at most (Arrow's offsets are int32)
 _INT32_MAX = (1 << 31) - 1
 
