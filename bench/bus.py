@@ -23,9 +23,8 @@ so the log and the disk reference share a filesystem):
 
 Targets: ``always`` appends with 64 appenders reach at least 50% of the raw disk MB/s, and reads
 reach at least 1M records/s. A miss is profiled with py-spy (``$PY_SPY``, next to this Python
-or on ``PATH``). Fewer appenders, the ``interval`` policy, OS threads, 4 partitions and the
-Kafka backend measured no target and were left out (git history; Kafka's target is
-``bench/pipeline.py --bus kafka``'s). This is not a test: it exits 0 unless it fails.
+or on ``PATH``). This is not a test: it exits 0 unless it fails. The Kafka bus is measured by
+``bench/pipeline.py --bus kafka`` and ``bench/collector.py --bus kafka``.
 """
 
 from __future__ import annotations
@@ -81,6 +80,7 @@ RECORD_BYTES = 200
 BATCH_RECORDS = 100
 POLICIES = ("always", "never")
 READ_MAX_RECORDS = 10_000
+APPENDERS = 64  # the target's count
 APPEND_TARGET = 0.5  # of the raw disk MB/s
 READ_TARGET = 1_000_000  # records/s
 LARGE_BLOCK = MiB
@@ -402,11 +402,8 @@ async def _link_appender(
 
     results = await asyncio.gather(*(_appends_until(end, append) for _ in range(tasks)))
     link.close()
-    return (
-        sum(r[0] for r in results),
-        [x for r in results for x in r[1]],
-        sum(r[2] for r in results),
-    )
+    done, latencies, refused = zip(*results, strict=True)
+    return sum(done), [x for lats in latencies for x in lats], sum(refused)
 
 
 def _window(
@@ -575,7 +572,7 @@ def profile_appends(
         figure, _ = measure_appends(
             bus,
             policy="always",
-            appenders=64,
+            appenders=APPENDERS,
             mode="asyncio",
             partitions=1,
             seconds=result.py_spy_seconds + PY_SPY_SLACK_S,
@@ -627,10 +624,8 @@ class Run:
     reads: list[ReadFigure] = field(default_factory=list)
     disk: list[DiskFigure] = field(default_factory=list)
     raw: DiskFigure | None = None
-    mirrors: dict[str, DiskFigure] = field(default_factory=dict)
     targets: list[Target] = field(default_factory=list)
     profiles: list[Profile] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
     steal: Steal = field(default_factory=Steal)
 
 
@@ -641,16 +636,16 @@ def embedded_phase(run: Run) -> None:
         config = EmbeddedBusConfig(durability=policy, default_partitions=1)
         directory = run.directory / f"log-{policy}"
         with SyncCounter() as syncs, EmbeddedBus(directory, config) as bus:
-            cases = [(64, "asyncio", 1), (64, "link", 1)]  # never: the appenders' ceiling
+            modes = ["asyncio", "link"]  # never: the appenders' ceiling
             if policy == "always":  # the log's durable path with the cheapest appenders
-                cases.append((64, "link-once", 1))
-            for appenders, mode, partitions in cases:
+                modes.append("link-once")
+            for mode in modes:
                 figure, topic = measure_appends(
                     bus,
                     policy=policy,
-                    appenders=appenders,
+                    appenders=APPENDERS,
                     mode=mode,
-                    partitions=partitions,
+                    partitions=1,
                     seconds=run.seconds,
                     warmup=run.warmup,
                     batch=run.batch,
@@ -658,7 +653,7 @@ def embedded_phase(run: Run) -> None:
                     syncs=syncs,
                 )
                 run.appends.append(figure)
-                if (policy, appenders, mode, partitions) == ("never", 64, "asyncio", 1):
+                if (policy, mode) == ("never", "asyncio"):
                     read_topic_name = topic
             if policy == "never":
                 progress("embedded log, reading a topic back")
@@ -686,26 +681,20 @@ def disk_phase(run: Run) -> None:
         directory, "1 MiB write + fdatasync", LARGE_BLOCK, 1, volume, run.reps
     )
     run.disk.append(run.raw)
-    for figure in run.appends:
-        if figure.policy != "always" or figure.mode != "asyncio" or figure.partitions != 1:
-            continue
-        every = max(1, round(figure.appends_per_fsync or 1))
-        mirror_volume = min(max(figure.appends * run.disk_bytes, 16 * MiB), 1 << 30)
+    if primary is not None:  # the log's I/O pattern in its asyncio case
+        every = max(1, round(primary.appends_per_fsync or 1))
         mirror = disk_sequential(
             directory,
-            f"{run.disk_bytes} B chunks, fdatasync every {every} (mirror of {figure.appenders})",
+            f"{run.disk_bytes} B chunks, fdatasync every {every} (mirror of {primary.appenders})",
             run.disk_bytes,
             every,
-            mirror_volume,
+            min(max(primary.appends * run.disk_bytes, 16 * MiB), 1 << 30),
             run.reps,
         )
         run.disk.append(mirror)
-        run.mirrors[figure.case] = mirror
+        primary.ratio_to_mirror = primary.disk_mb_s / mirror.mb_s
     for figure in run.appends:
         figure.ratio_to_raw = figure.payload_mb_s / run.raw.mb_s
-        mirror = run.mirrors.get(figure.case)
-        if mirror is not None:
-            figure.ratio_to_mirror = figure.disk_mb_s / mirror.mb_s
 
 
 def _primary(run: Run) -> AppendFigure | None:
@@ -766,19 +755,8 @@ def check_targets(run: Run) -> None:
 
 # -- output ---------------------------------------------------------------------------------------
 def append_rows(run: Run) -> tuple[list[str], list[list[object]]]:
-    headers = [
-        "case",
-        "records/s",
-        "MB/s",
-        "x raw",
-        "x mirror",
-        "fsync/s",
-        "appends/fsync",
-        "p50 ms",
-        "p99 ms",
-        "cores",
-        "machine",
-    ]
+    headers = ["case", "records/s", "MB/s", "x raw", "x mirror", "fsync/s", "appends/fsync"]
+    headers += ["p50 ms", "p99 ms", "cores", "machine"]
     rows: list[list[object]] = []
     for f in run.appends:
         fsyncs_per_s: float | str | None = None
@@ -844,14 +822,8 @@ def report(run: Run, markdown: bool = False) -> str:
         ]
         for r in run.reads
     ]
-    out.append(
-        print_table(
-            ["topic", "records/s", "MB/s", "records read", "whole topic", "cores"],
-            read_rows,
-            markdown=markdown,
-        )
-    )
-    out.append("")
+    headers = ["topic", "records/s", "MB/s", "records read", "whole topic", "cores"]
+    out.append(print_table(headers, read_rows, markdown=markdown))
     out += ["", "targets:"]
     out += [f"  {t.verdict()}" for t in run.targets]
     for profile in run.profiles:
@@ -908,11 +880,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = arguments(__doc__, quick="a short run, under 40 s", profile="the target cases")
     parser.add_argument(
         "--seconds", type=float, default=None, help="seconds per case (default 3, --quick 1)"
-    )
-    parser.add_argument(
-        "--skip-kafka",
-        action="store_true",
-        help="no effect: the Kafka backend is no longer measured here",
     )
     return parser.parse_args(argv)
 

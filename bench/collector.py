@@ -16,15 +16,13 @@ comes from this script in load-generator processes (uvloop, the clients of
 Workload: Raccoon ``SendEventRequest``s of 100 events of 200 bytes (type ``click``; 21,351
 bytes as protobuf), each with its own ``req_guid``. What is measured, in one run:
 
-1. WebSocket, ``ack: durable``, 1, 100 and 1,000 connections (``--quick``:
-   1 and 100), each connection with its own ``X-User-ID`` and at most 4 requests in flight,
-   sending the next as soon as one is acked (closed loop: saturation); 10 s after 2 s of warm-up
-   (``--quick``: 3 s after 1 s). Then a paced run at 100k events/s (the target) over the
-   largest connection count: the ack latency at the target load. (``ack: received`` and a paced
-   run at half the sustained rate measured no target and were left out.) Figures: events/s,
-   ack latency p50/p95/p99 (send to ack, measured by the client), the collector's CPU (all
-   threads, and its event-loop thread alone), CPU per event, its RSS, the generator's CPU, the
-   whole machine's.
+1. WebSocket, ``ack: durable``, 1, 100 and 1,000 connections (``--quick``: 1 and 100), each
+   connection with its own ``X-User-ID`` and at most 4 requests in flight, sending the next as soon
+   as one is acked (closed loop: saturation); 10 s after 2 s of warm-up (``--quick``: 3 s after
+   1 s). Then a paced run at 100k events/s (the target) over the largest connection count: the ack
+   latency at the target load. Figures: events/s, ack latency p50/p95/p99 (send to ack, measured by
+   the client), the collector's CPU (all threads, and its event-loop thread alone), CPU per event,
+   its RSS, the generator's CPU, the whole machine's.
 2. REST ``POST /api/v1/events`` (``application/proto``, keep-alive, 50 concurrent) and
 3. gRPC ``EventService/SendEvent`` (50 concurrent calls on one HTTP/2 connection, as one
    client channel carries them), both with ``ack: durable``.
@@ -43,8 +41,13 @@ py-spy on the collector under load (``$PY_SPY``, ``py-spy`` next to this Python,
 This is not a test: it exits 0 unless it fails. Every child process ends itself (time limits,
 and when this script goes away).
 
-``--bus kafka`` (the durable cases on a Kafka broker against the log) measured no target and was
-removed; the option says so and exits 2 (``bench/pipeline.py --bus kafka`` has Kafka's target).
+``--bus kafka`` measures the collector on Apache Kafka against the embedded log in one run (under
+4 minutes, ``--quick`` about 1): the durable closed-loop cases (1)-(3) on a collector on the log,
+then on a fresh collector with ``bus.backend: kafka`` (``ack: durable`` waits for ``acks=all``, with
+the broker's default flush policy: no fsync before the ack; topics of 2 partitions, as on the log)
+on one broker (``headwater.testing.kafka``, KRaft on loopback, JVM ``_common.KAFKA_JVM``) started
+after the embedded cases. Per case: both figures and the ratio Kafka / embedded, with the broker's
+CPU (it shares the 2 cores) and peak RSS (VmHWM). Nothing else runs; targets are the embedded's.
 """
 
 from __future__ import annotations
@@ -66,18 +69,21 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from _common import (
+    MB,
     PY_SPY_MISSING,
     ChildLines,
     ProcessSample,
     Steal,
     Target,
     arguments,
+    broker_figures,
     cores_between,
     find_py_spy,
     fmt_number,
+    kafka_broker,
     machine_busy_between,
     machine_info,
     machine_line,
@@ -106,6 +112,9 @@ from headwater.testing.load.requests import (
 )
 from headwater.testing.load.websocket import RequestFrames, WsClient, WsLoad, open_websockets, pace
 
+if TYPE_CHECKING:
+    from headwater.testing.kafka import KafkaCluster
+
 HOST = "127.0.0.1"
 PATH = "/api/v1/events"
 GRPC_METHOD = "/raystack.raccoon.v1beta1.EventService/SendEvent"
@@ -123,10 +132,6 @@ TARGET_PACED_EVENTS_S = 100_000.0  # the paced run whose p95 is judged, at 1,000
 TARGET_P95_MS = 20.0
 TARGET_IDLE_RSS_MB = 250.0  # the whole collector (all its processes), 10k idle connections
 PY_SPY_RATE = 100
-KAFKA_REMOVED = (
-    "the Kafka comparison measured no target and was removed (git log -- bench/collector.py); "
-    "bench/pipeline.py --bus kafka measures the Kafka bus against its target"
-)
 GRPC_ROLES = {"raw": "grpc-load", "aio": "grpc-aio-load"}  # --grpc-client: the load's role
 
 
@@ -299,19 +304,14 @@ def role_collector(args: argparse.Namespace) -> None:
     """Run ``headwater --config FILE collector --port 0 --grpc-port 0`` in this process, ending
     it (SIGTERM, then exit) after ``--max-seconds`` or when the benchmark that started it is
     gone."""
-    raise_fd_limit()
-    parent = os.getppid()
     me = os.getpid()
 
-    def guard() -> None:
-        deadline = time.monotonic() + args.max_seconds
-        while time.monotonic() < deadline and os.getppid() == parent:
-            time.sleep(0.5)
+    def stop() -> None:
         os.kill(me, signal.SIGTERM)  # a graceful stop first
         time.sleep(30)
         os._exit(5)
 
-    threading.Thread(target=guard, name="bench-guard", daemon=True).start()
+    guard(args.max_seconds, stop)
     gc_meter(Path(args.config).parent)
     from headwater.cli.main import cli
 
@@ -366,10 +366,16 @@ def gc_meter(directory: Path) -> None:
     os.register_at_fork(after_in_child=start)
 
 
+# the collector's bus: the embedded log, or a Kafka broker (acks=all: the backend's producer)
 EMBEDDED_BUS = """\
   backend: embedded
   embedded:
     durability: always
+"""
+KAFKA_BUS = """\
+  backend: kafka
+  kafka:
+    bootstrap_servers: {servers}
 """
 COLLECTOR_CONFIG = """\
 data_dir: {data_dir}
@@ -393,7 +399,8 @@ class Collector:
     grpc_port: int
     log: IO[bytes]
     data_dir: Path
-    started: ProcessSample
+    bus: str = "embedded"
+    broker_pid: int | None = None  # the Kafka broker it appends to
 
     @property
     def pid(self) -> int:
@@ -469,17 +476,18 @@ async def read_stdin_line() -> str:
 
 
 def start_collector(
-    directory: Path,
-    ack: str,
-    max_seconds: float,
+    directory: Path, ack: str, max_seconds: float, *, kafka: KafkaCluster | None = None
 ) -> Collector:
-    """A collector on the embedded log (durability always)."""
+    """A collector on the embedded log (durability always), or on ``kafka``'s broker."""
     data_dir = Path(tempfile.mkdtemp(prefix=f"collector-{ack}-", dir=directory))
     config = data_dir / "headwater.yaml"
+    bus = EMBEDDED_BUS
+    if kafka is not None:
+        bus = KAFKA_BUS.format(servers=json.dumps(kafka.bootstrap_servers))
     config.write_text(
         COLLECTOR_CONFIG.format(
             data_dir=json.dumps(str(data_dir)),
-            bus=EMBEDDED_BUS,
+            bus=bus,
             host=HOST,
             ack=ack,
             max_connections=20_000,
@@ -492,6 +500,11 @@ def start_collector(
     )
     port = grpc_port = 0
     seen: list[str] = []
+
+    def tail() -> str:
+        log.seek(0)
+        return log.read().decode(errors="replace")[-800:]
+
     try:
         until = time.monotonic() + 60
         while time.monotonic() < until:
@@ -506,25 +519,16 @@ def start_collector(
             elif line.startswith("headwater: ready"):
                 break
     except (TimeoutError, RuntimeError) as e:
-        log.seek(0)
-        tail = log.read().decode(errors="replace")[-800:]
         kill(proc)
-        raise RuntimeError(f"the collector did not start: {e}: {tail}") from None
+        raise RuntimeError(f"the collector did not start: {e}: {tail()}") from None
     if not port or not grpc_port:
         kill(proc)
-        log.seek(0)
-        tail = log.read().decode(errors="replace")[-800:]
-        raise RuntimeError(f"the collector did not print its ports: {seen} {tail}")
-    progress(f"collector (ack: {ack}) pid {proc.pid} on port {port}, gRPC {grpc_port}")
-    return Collector(
-        proc,
-        ack,
-        port,
-        grpc_port,
-        log,
-        data_dir,
-        sample_process(proc.pid),
-    )
+        raise RuntimeError(f"the collector did not print its ports: {seen} {tail()}")
+    on = "" if kafka is None else ", on Kafka"
+    progress(f"collector (ack: {ack}{on}) pid {proc.pid} on port {port}, gRPC {grpc_port}")
+    if kafka is None:
+        return Collector(proc, ack, port, grpc_port, log, data_dir)
+    return Collector(proc, ack, port, grpc_port, log, data_dir, "kafka", kafka.process.pid)
 
 
 def stop_collector(collector: Collector) -> None:
@@ -550,7 +554,7 @@ class LoadFigure:
     ack: str
     connections: int
     load: str  # "closed" (as fast as acked) or "paced 100k/s"
-    bus: str = "embedded"
+    bus: str = "embedded"  # or "kafka"
     seconds: float = 0.0
     events_per_s: float = float("nan")
     p50_ms: float = float("nan")
@@ -565,12 +569,18 @@ class LoadFigure:
     collector_rss_mb: float = float("nan")
     generator_cores: float = float("nan")
     machine_cores: float = float("nan")  # busy cores of the whole machine (of 2)
+    broker_cores: float = float("nan")  # the Kafka broker's, on the Kafka bus
     target_events_per_s: float | None = None
     note: str = ""
 
     @property
-    def case(self) -> str:
+    def shape(self) -> str:
+        """The case whatever the bus: what the same case on another bus shares."""
         return f"{self.protocol} {self.ack} x{self.connections} {self.load}"
+
+    @property
+    def case(self) -> str:
+        return self.shape + ("" if self.bus == "embedded" else f" ({self.bus})")
 
 
 @dataclass
@@ -627,6 +637,7 @@ class Run:
     profiles: list[ProfileFigure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     background_cores: float = float("nan")
+    broker: dict[str, Any] | None = None  # --bus kafka: the broker's version, JVM, peak RSS
     steal: Steal = field(default_factory=Steal)
 
 
@@ -655,11 +666,15 @@ def drive(
             tell(g, "go")
         time.sleep(warmup)
         before, gc_before = collector.sample(), collector.gc_stats()
+        broker = collector.broker_pid
+        broker_before = sample_process(broker) if broker is not None else None
         if during is not None:
             during()
         else:
             time.sleep(seconds)
         after, gc_after = collector.sample(), collector.gc_stats()
+        if broker is not None and broker_before is not None:
+            figure.broker_cores = cores_between(broker_before, sample_process(broker))
         results = [read_json(g, seconds + 60) for g in generators]
     finally:
         for g in generators:
@@ -689,15 +704,13 @@ def drive(
     samples = [s for r in results for s in r["error_samples"]]
     if figure.errors or samples:
         figure.note += f"{figure.errors} errors in the window, e.g. {samples[:1]} "
-    unmatched = sum(r["unmatched"] for r in results)
-    if unmatched:
-        figure.note += f"{unmatched} unmatched responses "
-    lost = sum(r.get("lost", 0) for r in results)
-    if lost:
-        figure.note += f"{lost} connections closed by the collector "
-    unacked = sum(r.get("unacked", 0) for r in results)
-    if unacked:
-        figure.note += f"{unacked} requests unacked after the drain "
+    for key, what in (
+        ("unmatched", "unmatched responses"),
+        ("lost", "connections closed by the collector"),
+        ("unacked", "requests unacked after the drain"),
+    ):
+        if count := sum(r.get(key, 0) for r in results):
+            figure.note += f"{count} {what} "
     if figure.target_events_per_s and figure.events_per_s < 0.97 * figure.target_events_per_s:
         figure.note += (
             f"did not reach the paced rate ({fmt_number(figure.events_per_s)} of "
@@ -705,6 +718,11 @@ def drive(
         )
     figure.note = figure.note.strip()
     return figure
+
+
+def split(total: int, parts: int) -> list[int]:
+    """``total`` in ``parts`` shares as even as can be."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
 
 
 def websocket_case(
@@ -717,11 +735,10 @@ def websocket_case(
     seconds: float | None = None,
 ) -> LoadFigure:
     load = f"paced {fmt_number(events_per_s / 1000)}k/s" if events_per_s else "closed"
-    figure = LoadFigure("WebSocket", collector.ack, connections, load)
+    figure = LoadFigure("WebSocket", collector.ack, connections, load, collector.bus)
     figure.target_events_per_s = events_per_s or None
     span = seconds if seconds is not None else run.seconds
-    count = max(1, min(run.args.generators, connections // 100 or 1))
-    shares = [connections // count + (i < connections % count) for i in range(count)]
+    shares = split(connections, max(1, min(run.args.generators, connections // 100 or 1)))
     generators = [
         spawn(
             role_command(
@@ -744,7 +761,7 @@ def websocket_case(
 
 
 def http_case(run: Run, collector: Collector, protocol: str) -> LoadFigure:
-    figure = LoadFigure(protocol, collector.ack, HTTP_CONCURRENCY, "closed")
+    figure = LoadFigure(protocol, collector.ack, HTTP_CONCURRENCY, "closed", collector.bus)
     generator = spawn(
         role_command(
             "rest-load" if protocol == "REST" else GRPC_ROLES[run.args.grpc_client],
@@ -766,7 +783,9 @@ def report_progress(f: LoadFigure) -> None:
         f"{fmt_number(f.p50_ms)}/{fmt_number(f.p95_ms)}/{fmt_number(f.p99_ms)} ms, collector "
         f"{f.collector_cores:.2f} cores (loop thread {f.loop_thread_cores:.2f}, of which GC "
         f"{f.gc_loop_cores:.2f}), "
-        f"{fmt_number(f.collector_rss_mb)} MB; generator {f.generator_cores:.2f} cores " + f.note
+        f"{fmt_number(f.collector_rss_mb)} MB; generator {f.generator_cores:.2f} cores "
+        + ("" if f.bus == "embedded" else f"; broker {f.broker_cores:.2f} cores ")
+        + f.note
     )
 
 
@@ -786,10 +805,7 @@ def idle_case(run: Run, max_seconds: float) -> IdleFigure:
         time.sleep(1.5)
         base = collector.sample()
         figure.baseline_mb, figure.baseline_pss_mb = base.rss_mb, base.pss_mb
-        count = len(IDLE_SOURCES)
-        shares = [
-            run.idle_connections // count + (i < run.idle_connections % count) for i in range(count)
-        ]
+        shares = split(run.idle_connections, len(IDLE_SOURCES))
         t0 = time.perf_counter()
         holders = [
             spawn(
@@ -825,20 +841,16 @@ def idle_case(run: Run, max_seconds: float) -> IdleFigure:
                 kill(h)
     finally:
         stop_collector(collector)
-    if figure.connections:
-        per_mb = (figure.rss_mb - figure.baseline_mb) / figure.connections
-        figure.per_connection_kb = per_mb * 1000
-        figure.rss_at_10k_mb = (
-            figure.rss_mb
-            if figure.connections == IDLE_CONNECTIONS
-            else figure.baseline_mb + IDLE_CONNECTIONS * per_mb
-        )
-        pss_per_mb = (figure.pss_mb - figure.baseline_pss_mb) / figure.connections
-        figure.pss_at_10k_mb = (
-            figure.pss_mb
-            if figure.connections == IDLE_CONNECTIONS
-            else figure.baseline_pss_mb + IDLE_CONNECTIONS * pss_per_mb
-        )
+    if n := figure.connections:
+
+        def at_10k(before: float, held: float) -> float:  # extrapolated when fewer were held
+            return (
+                held if n == IDLE_CONNECTIONS else before + IDLE_CONNECTIONS * (held - before) / n
+            )
+
+        figure.per_connection_kb = (figure.rss_mb - figure.baseline_mb) / n * 1000
+        figure.rss_at_10k_mb = at_10k(figure.baseline_mb, figure.rss_mb)
+        figure.pss_at_10k_mb = at_10k(figure.baseline_pss_mb, figure.pss_mb)
     progress(
         f"  {figure.connections:,} idle connections: PSS {fmt_number(figure.baseline_pss_mb)} -> "
         f"{fmt_number(figure.pss_mb)} MB, RSS {fmt_number(figure.baseline_mb)} -> "
@@ -977,32 +989,20 @@ def profile_collector(
         return figure
     ticks = seconds * PY_SPY_RATE
     main = {collector.pid: "event loop (main thread)"}
-    figure.threads = [
-        {
-            "thread": t.thread,
-            "busy": t.samples / ticks,
-            "samples": t.samples,
-            "leaves": t.leaves,
-            "inclusive": t.inclusive,
-        }
-        for t in parse_py_spy_raw(text, 16, main)
-    ]
+    threads = parse_py_spy_raw(text, 16, main)
+    figure.threads = [{**asdict(t), "busy": t.samples / ticks} for t in threads]
     figure.categories = stage_shares(text, collector.pid)
     return figure
 
 
 # -- the run --------------------------------------------------------------------------------------
-def background_cores(seconds: float = 1.0) -> float:
-    """Busy cores of the machine over ``seconds`` before the benchmark starts anything."""
-    a = sample_process(os.getpid())
-    time.sleep(seconds)
-    b = sample_process(os.getpid())
-    return machine_busy_between(a, b) * (os.cpu_count() or 1)
-
-
 def note_background(run: Run) -> None:
-    """How busy the machine is before the run starts anything (a note when it is)."""
-    run.background_cores = background_cores()
+    """How busy the machine is (cores, over 1 s) before the run starts anything (a note when
+    it is)."""
+    a = sample_process(os.getpid())
+    time.sleep(1.0)
+    b = sample_process(os.getpid())
+    run.background_cores = machine_busy_between(a, b) * (os.cpu_count() or 1)
     progress(f"machine busy before the run: {run.background_cores:.2f} cores (of 2)")
     if run.background_cores > 0.3:
         run.notes.append(
@@ -1031,10 +1031,8 @@ def measure(run: Run) -> None:
     # (1)-(3) durable: WebSocket, paced, REST, gRPC, then a profile when a target is missed
     collector = start_collector(run.directory, "durable", phase_s)
     try:
-        run.loads += [websocket_case(run, collector, n) for n in run.connections]
+        run.loads += durable_cases(run, collector, paced=True)
         largest = run.connections[-1]
-        run.loads.append(websocket_case(run, collector, largest, TARGET_PACED_EVENTS_S))
-        run.loads += [http_case(run, collector, protocol) for protocol in ("REST", "gRPC")]
         missed = not all(t.passed for t in targets(run.loads, None))
         if args.profile == "always" or (args.profile == "auto" and missed):
             run.profiles.append(profile_collector(run, collector, largest, py_spy))
@@ -1046,10 +1044,61 @@ def measure(run: Run) -> None:
     run.idle = idle_case(run, 150)
 
 
+def durable_cases(run: Run, collector: Collector, *, paced: bool) -> list[LoadFigure]:
+    """WebSocket closed loop at each connection count, then (``paced``) at the target's rate
+    over the largest, then REST and gRPC, on ``collector``."""
+    loads = [websocket_case(run, collector, n) for n in run.connections]
+    if paced:
+        loads.append(websocket_case(run, collector, run.connections[-1], TARGET_PACED_EVENTS_S))
+    return loads + [http_case(run, collector, protocol) for protocol in ("REST", "gRPC")]
+
+
+def compare_buses(run: Run) -> None:
+    """``--bus kafka``: the durable closed-loop cases on the embedded log, then the same on a
+    fresh collector appending to an Apache Kafka broker (acks=all), started for them and
+    stopped after."""
+    note_background(run)
+    for on_kafka in (False, True):
+        with kafka_broker() if on_kafka else contextlib.nullcontext() as broker:
+            if broker is not None:
+                CHILDREN.append(broker.process)  # the watchdog ends it too
+            collector = start_collector(
+                run.directory, "durable", collector_seconds(run), kafka=broker
+            )
+            try:
+                run.loads += durable_cases(run, collector, paced=False)
+            finally:
+                stop_collector(collector)
+            if broker is not None:
+                run.broker = broker_figures(broker)
+
+
+def bus_comparison(loads: Sequence[LoadFigure]) -> list[dict[str, Any]]:
+    """Each case measured on both buses: events/s on each, and the ratio Kafka / embedded."""
+    on_kafka = {f.shape: f for f in loads if f.bus == "kafka"}
+    return [
+        {
+            "case": e.shape,
+            "embedded_events_per_s": e.events_per_s,
+            "kafka_events_per_s": k.events_per_s,
+            "kafka_over_embedded": (
+                k.events_per_s / e.events_per_s if e.events_per_s > 0 else float("nan")
+            ),
+            "embedded_p95_ms": e.p95_ms,
+            "kafka_p95_ms": k.p95_ms,
+            "embedded_collector_cores": e.collector_cores,
+            "kafka_collector_cores": k.collector_cores,
+            "broker_cores": k.broker_cores,
+        }
+        for e in loads
+        if e.bus == "embedded" and (k := on_kafka.get(e.shape)) is not None
+    ]
+
+
 def targets(loads: Sequence[LoadFigure], idle: IdleFigure | None) -> list[Target]:
     """Issue 14's targets on the embedded log's durable figures."""
     out: list[Target] = []
-    durable = [f for f in loads if f.ack == "durable"]
+    durable = [f for f in loads if f.ack == "durable" and f.bus == "embedded"]
     for f in durable:
         if f.load != "closed":
             continue
@@ -1104,43 +1153,22 @@ def targets(loads: Sequence[LoadFigure], idle: IdleFigure | None) -> list[Target
 
 
 # -- output ---------------------------------------------------------------------------------------
-def load_rows(loads: Sequence[LoadFigure]) -> tuple[list[str], list[list[object]]]:
-    headers = [
-        "case",
-        "events/s",
-        "p50 ms",
-        "p95 ms",
-        "p99 ms",
-        "errors",
-        "collector cores",
-        "loop thread",
-        "GC in loop",
-        "full GC/s",
-        "us CPU/event",
-        "RSS MB",
-        "generator cores",
-        "machine cores",
-    ]
-    rows: list[list[object]] = [
-        [
-            f.case,
-            f.events_per_s,
-            f.p50_ms,
-            f.p95_ms,
-            f.p99_ms,
-            f.errors,
-            f.collector_cores,
-            f.loop_thread_cores,
-            f.gc_loop_cores,
-            f.full_gcs_per_s,
-            f.collector_us_per_event,
-            f.collector_rss_mb,
-            f.generator_cores,
-            f.machine_cores,
-        ]
-        for f in loads
-    ]
-    return headers, rows
+LOAD_COLUMNS = (  # (header, LoadFigure attribute)
+    ("case", "case"),
+    ("events/s", "events_per_s"),
+    ("p50 ms", "p50_ms"),
+    ("p95 ms", "p95_ms"),
+    ("p99 ms", "p99_ms"),
+    ("errors", "errors"),
+    ("collector cores", "collector_cores"),
+    ("loop thread", "loop_thread_cores"),
+    ("GC in loop", "gc_loop_cores"),
+    ("full GC/s", "full_gcs_per_s"),
+    ("us CPU/event", "collector_us_per_event"),
+    ("RSS MB", "collector_rss_mb"),
+    ("generator cores", "generator_cores"),
+    ("machine cores", "machine_cores"),
+)
 
 
 def report(run: Run, markdown: bool = False) -> str:
@@ -1162,9 +1190,11 @@ def report(run: Run, markdown: bool = False) -> str:
         "paced: a fixed total rate; latency = send to ack at the client; collector cores = all "
         "its threads, loop thread = its event-loop thread alone):",
     ]
-    headers, rows = load_rows(run.loads)
-    out.append(print_table(headers, rows, markdown=markdown))
+    rows = [[getattr(f, name) for _, name in LOAD_COLUMNS] for f in run.loads]
+    out.append(print_table([h for h, _ in LOAD_COLUMNS], rows, markdown=markdown))
     out += [f"  {f.case}: {f.note}" for f in run.loads if f.note]
+    if run.broker is not None:
+        out += ["", *comparison_lines(run.broker, run.loads, markdown)]
     if run.raw is not None:
         raw = run.raw
         durable = [
@@ -1203,6 +1233,32 @@ def report(run: Run, markdown: bool = False) -> str:
     for p in run.profiles:
         out += ["", *profile_lines(p)]
     return "\n".join(out)
+
+
+def comparison_lines(
+    broker: dict[str, Any], loads: Sequence[LoadFigure], markdown: bool
+) -> list[str]:
+    """The table of the cases measured on both buses, under what the broker was."""
+    peak = broker["peak_rss_bytes"]
+    headers = ["case (ack: durable)", "embedded events/s", "Kafka events/s", "Kafka / embedded"]
+    headers += ["embedded p95 ms", "Kafka p95 ms", "collector cores, embedded"]
+    headers += ["collector cores, Kafka", "broker cores"]
+    rows: list[list[object]] = [
+        [_ratio(v) if k == "kafka_over_embedded" else v for k, v in c.items()]
+        for c in bus_comparison(loads)
+    ]
+    return [
+        f"embedded log (durability always) vs Kafka (acks=all), same run, same cases: Apache "
+        f"Kafka {broker['kafka_version']}, {broker['brokers']} broker (KRaft) on loopback, JVM "
+        f"{' '.join(broker['jvm_options'])}, sharing the 2 cores (broker cores), peak RSS "
+        + ("-" if peak is None else f"{fmt_number(peak / MB)} MB")
+        + ":",
+        print_table(headers, rows, markdown=markdown),
+    ]
+
+
+def _ratio(value: float) -> str:
+    return "-" if value != value else f"{value:.2f}x"
 
 
 def profile_lines(p: ProfileFigure) -> list[str]:
@@ -1247,6 +1303,11 @@ def to_json(run: Run) -> dict[str, Any]:
         "targets": [t.as_json() for t in run.targets],
         "profiles": [asdict(p) for p in run.profiles],
         "notes": run.notes,
+        **(
+            {"kafka_broker": run.broker, "bus_comparison": bus_comparison(run.loads)}
+            if run.broker is not None
+            else {}
+        ),
     }
 
 
@@ -1266,7 +1327,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--bus",
         choices=("embedded", "kafka"),
         default="embedded",
-        help=f"embedded (the default); kafka is refused: {KAFKA_REMOVED}",
+        help="kafka: the durable closed-loop cases on an Apache Kafka broker (acks=all) and, in "
+        "the same run, on the embedded log, compared (nothing else)",
     )
     parser.add_argument(
         "--grpc-client",
@@ -1294,20 +1356,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def guard(max_seconds: float, stop: Callable[[], None]) -> None:
+    """Raise the open-file limit, and ``stop`` this child after ``max_seconds`` or when the
+    benchmark that started it is gone: it never outlives the run."""
+    raise_fd_limit()
+    parent = os.getppid()
+
+    def watch() -> None:
+        deadline = time.monotonic() + max_seconds
+        while time.monotonic() < deadline and os.getppid() == parent:
+            time.sleep(0.5)
+        stop()
+
+    threading.Thread(target=watch, name="bench-guard", daemon=True).start()
+
+
 def run_role(args: argparse.Namespace) -> int:
     if args.role == "collector":
         role_collector(args)
         return 0
-    raise_fd_limit()
-    parent = os.getppid()
-
-    def guard() -> None:  # never outlive the run, nor the benchmark that started this
-        deadline = time.monotonic() + args.max_seconds
-        while time.monotonic() < deadline and os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(4)
-
-    threading.Thread(target=guard, name="bench-guard", daemon=True).start()
+    guard(args.max_seconds, lambda: os._exit(4))
     roles = {
         "ws-load": role_ws_load,
         "ws-idle": role_ws_idle,
@@ -1344,12 +1412,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.role:
         return run_role(args)
-    if args.bus == "kafka":
-        print(f"--bus kafka: {KAFKA_REMOVED}", file=sys.stderr)
-        return 2
     seconds = args.seconds if args.seconds is not None else (3.0 if args.quick else 10.0)
     started = time.perf_counter()
-    watchdog(110 if args.quick else 330)
+    kafka = args.bus == "kafka"
+    if kafka:
+        from headwater.testing.kafka import broker_jars
+
+        broker_jars()  # fetched from Maven Central the first time: not under the time limit
+    watchdog((110 if args.quick else 330) + (60 if kafka else 0))  # a broker to start
     fds = raise_fd_limit()
     if fds < IDLE_CONNECTIONS + 2_000:
         progress(f"open-file limit {fds}: too low for {IDLE_CONNECTIONS:,} idle connections")
@@ -1365,7 +1435,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 idle_connections=2_000 if args.quick else IDLE_CONNECTIONS,
             )
             progress(f"benchmark directory {directory}")
-            measure(run)
+            if kafka:
+                compare_buses(run)
+            else:
+                measure(run)
             run.targets += targets(run.loads, run.idle)
     finally:
         for proc in CHILDREN:

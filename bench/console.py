@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -52,12 +51,12 @@ from statistics import median
 
 from _common import (
     arguments,
-    bench_directory,
     emit_json,
     machine_info,
     percentile,
     print_table,
     progress,
+    scratch_directory,
 )
 from headwater.bus import Message, open_bus
 from headwater.bus import context as ctx
@@ -294,9 +293,7 @@ def report(result: dict[str, Any]) -> None:
     rows = [
         [
             p["page"],
-            f"{p['p50_ms']:.1f}",
-            f"{p['p95_ms']:.1f}",
-            f"{p['max_ms']:.1f}",
+            *(f"{p[k]:.1f}" for k in ("p50_ms", "p95_ms", "max_ms")),
             f"{p['p50_ms'] / health:.1f}",
             f"{p['max_ms'] / full:.3f}",
             "yes" if p["max_ms"] < TARGET_MS else "NO",
@@ -312,21 +309,14 @@ def report(result: dict[str, Any]) -> None:
         "the first failed-events page after the console started (its index built then): "
         f"{result['first_failed_page_after_start_ms']:,.0f} ms"
     )
-    print(
-        print_table(
-            ["page", "p50 ms", "p95 ms", "max ms", "x healthz", "max / full read", "< 300 ms"],
-            rows,
-        )
-    )
+    headers = ["page", "p50 ms", "p95 ms", "max ms", "x healthz", "max / full read", "< 300 ms"]
+    print(print_table(headers, rows))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    directory = bench_directory(args.dir, "bench-console-")
-    try:
+    with scratch_directory(args.dir, "bench-console-") as directory:
         result = measure(args, directory)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
     if args.format == "json":
         emit_json(result)
     else:

@@ -22,7 +22,6 @@ partitions, the collector's context headers), Spark ``local[2]`` (issue 8):
    events' JSON (an NDJSON file): ``spark.read.json`` with inference, structs flattened,
    ``toArrow()``, DuckDB ``CREATE TABLE AS``; timed there after a warm-up on a sample, with its
    own peak RSS. Ratio headwater / naive.
-   (dlt measured no target and was left out; ``--skip-dlt`` changes nothing.)
 3. **Fixed cost.** ``headwater pipeline --once`` as the CLI in a subprocess on a fresh data
    dir holding ``--fixed-events`` events: wall time, JVM start included.
 4. **Stream mode.** The DuckDB destination in ``mode: stream`` (trigger every ``--trigger-s``)
@@ -59,7 +58,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
@@ -252,13 +251,14 @@ def fill_log_elsewhere(configs: Sequence[HeadwaterConfig], n: int, ndjson: Path 
 
 
 # -- reading what landed --------------------------------------------------------------------------
+COUNT_LANDED = f"select count(*), count(distinct {ID_COLUMN}) from events"
+
+
 def landed_duckdb(path: Path) -> dict[str, int]:
     import duckdb
 
     with duckdb.connect(str(path), read_only=True) as con:
-        rows, ids = con.execute(
-            f"select count(*), count(distinct {ID_COLUMN}) from events"
-        ).fetchone()  # type: ignore[misc]
+        rows, ids = con.execute(COUNT_LANDED).fetchone()  # type: ignore[misc]
         columns = len(con.execute("describe events").fetchall())
     return {"rows": rows, "distinct_ids": ids, "columns": columns}
 
@@ -267,9 +267,7 @@ def landed_postgres(dsn: str) -> dict[str, int]:
     import psycopg
 
     with psycopg.connect(dsn) as con:
-        rows, ids = con.execute(
-            f"select count(*), count(distinct {ID_COLUMN}) from events"
-        ).fetchone()  # type: ignore[misc]
+        rows, ids = con.execute(COUNT_LANDED).fetchone()  # type: ignore[misc]
         columns = con.execute(
             "select count(*) from information_schema.columns where table_name = 'events'"
         ).fetchone()[0]  # type: ignore[index]
@@ -303,7 +301,6 @@ def run_batch(
     directory: Path,
     n: int,
     destination: dict[str, Any],
-    landed: Callable[[], dict[str, int]],
     *,
     bus: dict[str, Any] | None = None,
     exclude: Collection[int] = (),
@@ -322,7 +319,10 @@ def run_batch(
         seconds = time.perf_counter() - t0
     writer = pipeline.queries[0].writer
     writer.close()
-    result = landed()
+    if destination["type"] == "duckdb":
+        result = landed_duckdb(Path(destination["path"]))
+    else:
+        result = landed_postgres(destination["dsn"])
     return {
         "destination": name,
         "events": n,
@@ -383,13 +383,8 @@ def run_fixed(directory: Path, n: int) -> dict[str, Any]:
     if done.returncode != 0:
         progress(done.stdout.decode(errors="replace")[-2000:])
     result = landed_duckdb(config.warehouse_path()) if done.returncode == 0 else {}
-    return {
-        "events": n,
-        "seconds": seconds,
-        "exit": done.returncode,
-        "command": shlex.join(command),
-        **result,
-    }
+    facts = {"events": n, "seconds": seconds, "exit": done.returncode}
+    return {**facts, "command": shlex.join(command), **result}
 
 
 # -- stream mode ----------------------------------------------------------------------------------
@@ -472,9 +467,7 @@ class StreamLoad:
             "seen": seen,
             # the appender fell behind its schedule by more than half a second's events at once
             "appender_behind": behind > rate * 0.5,
-            "p50_s": percentile(latencies, 50) if latencies else None,
-            "p95_s": percentile(latencies, 95) if latencies else None,
-            "p99_s": percentile(latencies, 99) if latencies else None,
+            **{f"p{q}_s": percentile(latencies, q) if latencies else None for q in (50, 95, 99)},
         }
 
 
@@ -570,7 +563,6 @@ SKIPS: tuple[tuple[str, str | None], ...] = (
     ("--skip-postgres", None),
     ("--skip-naive", None),
     ("--skip-small-batches", "no second DuckDB run in micro-batches of a quarter of the events"),
-    ("--skip-dlt", "no effect: dlt was removed"),
     ("--skip-fixed", None),
     ("--skip-stream", None),
 )
@@ -639,23 +631,10 @@ def main() -> None:
                     + (f"(and {ndjson.name})" if ndjson is not None else "and to Kafka")
                 )
                 fill_log_elsewhere(fill, args.events, ndjson)
-                out["batch"] = run_batch(
-                    spark,
-                    root / "batch",
-                    args.events,
-                    duck,
-                    lambda: landed_duckdb(Path(duck["path"])),
-                    exclude=broker,
-                )
+                out["batch"] = run_batch(spark, root / "batch", args.events, duck, exclude=broker)
                 if kafka is not None:  # the same events, the same query, read from Kafka
                     out["kafka"] = run_batch(
-                        spark,
-                        root / "kafka",
-                        args.events,
-                        from_kafka,
-                        lambda: landed_duckdb(Path(from_kafka["path"])),
-                        bus=bus,
-                        exclude=broker,
+                        spark, root / "kafka", args.events, from_kafka, bus=bus, exclude=broker
                     )
                     out["broker"] = broker_figures(kafka)
                 if not args.skip_small_batches:  # the same events, micro-batches of 1/4 the size
@@ -665,21 +644,9 @@ def main() -> None:
                         "path": str(root / "batch" / "small.duckdb"),
                         "max_records_per_trigger": max(args.events // 4, 1),
                     }
-                    out["small_batches"] = run_batch(
-                        spark,
-                        root / "batch",
-                        args.events,
-                        small,
-                        lambda: landed_duckdb(Path(small["path"])),
-                    )
+                    out["small_batches"] = run_batch(spark, root / "batch", args.events, small)
                 if pg is not None:
-                    out["postgres"] = run_batch(
-                        spark,
-                        root / "batch",
-                        args.events,
-                        dests[1],
-                        lambda: landed_postgres(pg.dsn),
-                    )
+                    out["postgres"] = run_batch(spark, root / "batch", args.events, dests[1])
                 if not args.skip_naive and ndjson is not None:
                     out["naive"] = run_naive(root / "naive", ndjson)
         if not args.skip_fixed:
@@ -772,7 +739,7 @@ def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
 def report(out: dict[str, Any]) -> None:
     print(f"command: {out['command']}")
     print(f"machine: {out['machine']}")
-    table = []
+    table: list[list[object]] = []
     for key, name in (
         ("batch", "headwater batch -> DuckDB"),
         ("kafka", "headwater batch -> DuckDB, from Kafka (Spark's connector)"),
@@ -783,28 +750,17 @@ def report(out: dict[str, Any]) -> None:
         c = out.get(key)
         if not c:
             continue
-        rss, pss = c.get("peak_rss_bytes"), c.get("peak_pss_bytes")
+        peaks = [c.get(f"peak_{kind}_bytes") for kind in ("rss", "pss")]
         landed = ""
         if "rows" in c:
             landed = f"{c['rows']:,} rows, {c['columns']} columns"
         if "exactly_once" in c:
             landed += ", exactly once" if c["exactly_once"] else ", NOT exactly once"
-        table.append(
-            [
-                name,
-                fmt_number(c["events_per_s"]),
-                f"{c['seconds']:.1f}",
-                "-" if rss is None else f"{rss / 2**20:,.0f}",
-                "-" if pss is None else f"{pss / 2**20:,.0f}",
-                landed,
-            ]
-        )
+        mib = [None if peak is None else peak / 2**20 for peak in peaks]
+        table.append([name, c["events_per_s"], c["seconds"], *mib, landed])
     if table:
-        print(
-            print_table(
-                ["case", "events/s", "seconds", "peak RSS MiB", "peak PSS MiB", "landed"], table
-            )
-        )
+        headers = ["case", "events/s", "seconds", "peak RSS MiB", "peak PSS MiB", "landed"]
+        print(print_table(headers, table))
     b, k = out.get("batch"), out.get("kafka")
     if b and out.get("naive"):
         print(f"headwater DuckDB / naive: {b['events_per_s'] / out['naive']['events_per_s']:.2f}x")
@@ -822,17 +778,16 @@ def report(out: dict[str, Any]) -> None:
             "not in the peak RSS above; its peak RSS (VmHWM, warm-up, fill and both runs): "
             + ("-" if peak is None else f"{peak / 2**20:,.0f} MiB")
         )
-    for key in ("batch", "kafka", "postgres"):
-        c = out.get(key)
-        if c and c.get("phases_s"):
+    cases = [c for c in (out.get(key) for key in ("batch", "kafka", "postgres")) if c]
+    for c in cases:
+        if c.get("phases_s"):
             print(
                 f"where the {c['destination']} batch time goes (s, summed over "
                 f"{c['batches']} micro-batches): "
                 + ", ".join(f"{k} {v:.1f}" for k, v in c["phases_s"].items())
             )
-    for key in ("batch", "kafka", "postgres"):
-        c = out.get(key)
-        if c and c.get("rss_at_peak"):
+    for c in cases:
+        if c.get("rss_at_peak"):
             print(
                 f"who held the {c['destination']} peak (RSS MiB): "
                 + ", ".join(f"{n} {size / 2**20:,.0f}" for n, size in c["rss_at_peak"])
@@ -856,20 +811,8 @@ def report(out: dict[str, Any]) -> None:
             for x in s["ladder"]
         ]
         print("stream mode, receive -> row visible (seconds):")
-        print(
-            print_table(
-                [
-                    "events/s",
-                    "warm-up+measured s",
-                    "seen/sent",
-                    "p50",
-                    "p95",
-                    "p99",
-                    "appender behind",
-                ],
-                steps,
-            )
-        )
+        headers = ["events/s", "warm-up+measured s", "seen/sent", "p50", "p95", "p99"]
+        print(print_table([*headers, "appender behind"], steps))
         highest = s["highest_rate"]
         bound = "" if s["highest_is_limit"] else " (the ladder stopped on --max-rate or its budget)"
         print(

@@ -41,8 +41,7 @@ speed, one after the other, while nothing else is written:
 Also reported, as cores and as microseconds a change: the reader thread's CPU and its wait
 for a CPU (schedstat), its process's other threads (the log's), the walsender decoding for each
 consumer (a local server only), the machine; peak RSS (VmHWM) of both consumers. ``--profile``
-runs the reader once more (a third slot, not measured) under py-spy. ``--no-mirror`` changes
-nothing: the DuckDB mirror measured no target and was removed (see git history).
+runs the reader once more (a third slot, not measured) under py-spy.
 
 Target (issue 12): >= 20,000 changes/s onto the log, and the ratio to ``pg_recvlogical``
 written down. This is not a test: it always exits 0 unless it fails.
@@ -85,6 +84,7 @@ from _common import (
     run_facts,
     sample_process,
     say,
+    scratch_directory,
     start_py_spy,
 )
 from headwater.transport.postgres.reader import lsn_text
@@ -127,7 +127,6 @@ UPDATE_ROWS = (
 DELETE_ROWS = f"delete from {TABLE} where id between %s and %s and id %% 10 >= {UPDATE_SHARE}"
 
 
-# the same on the source and the mirror: the rows, the keys, and the column the mix updates
 # -- the source database ----------------------------------------------------------------------
 class Source:
     """The benchmark's table, publication and slots on the server, and its workloads."""
@@ -181,27 +180,18 @@ class Source:
             raise RuntimeError(f"replication slot {name} is gone")
         return int(row[0] or 0), row[1]
 
-    def insert(self, first: int, n: int, txn_rows: int) -> tuple[int, int]:
-        """Insert rows ``first`` .. ``first + n - 1``; (changes, endpos): endpos is the WAL
-        insert position just before the last transaction's commit."""
-        end = 0
+    def in_transactions(self, first: int, n: int, txn_rows: int, *sql: str) -> list[int]:
+        """Run each of ``sql`` over rows ``first`` .. ``first + n - 1``, ``txn_rows`` rows a
+        transaction: the rows each statement changed, then endpos (the WAL insert position
+        just before the last transaction's commit)."""
+        counts, end = [0] * len(sql), 0
         for at in range(first, first + n, txn_rows):
             last = min(at + txn_rows, first + n) - 1
             with self.conn.transaction():
-                self.conn.execute(INSERT_ROWS, (at, last))
+                for i, statement in enumerate(sql):
+                    counts[i] += self.conn.execute(statement, (at, last)).rowcount
                 end = self.one("select pg_current_wal_insert_lsn() - '0/0'")
-        return n, int(end)
-
-    def mix(self, first: int, n: int, txn_rows: int) -> tuple[int, int, int]:
-        """Update or delete rows ``first`` .. ``first + n - 1``; (updates, deletes, endpos)."""
-        updates = deletes = end = 0
-        for at in range(first, first + n, txn_rows):
-            last = min(at + txn_rows, first + n) - 1
-            with self.conn.transaction():
-                updates += self.conn.execute(UPDATE_ROWS, (at, last)).rowcount
-                deletes += self.conn.execute(DELETE_ROWS, (at, last)).rowcount
-                end = self.one("select pg_current_wal_insert_lsn() - '0/0'")
-        return updates, deletes, int(end)
+        return [*counts, int(end)]
 
     def wait_flushed(self, timeout: float = 60.0) -> None:
         """Wait until the WAL written so far is flushed (walsenders decode only that far)."""
@@ -556,11 +546,13 @@ def measure(args: argparse.Namespace, dsn: str, directory: Path) -> dict[str, An
             started = time.perf_counter()
             if name == "insert":
                 progress(f"insert: {n:,} rows in transactions of {txn_rows:,}")
-                changes, endpos = source.insert(1, n, txn_rows)
+                changes, endpos = source.in_transactions(1, n, txn_rows, INSERT_ROWS)
                 detail = f"{n:,} inserts"
             else:
                 progress(f"mix: updating or deleting the {n:,} rows, transactions of {txn_rows:,}")
-                updates, deletes, endpos = source.mix(1, n, txn_rows)
+                updates, deletes, endpos = source.in_transactions(
+                    1, n, txn_rows, UPDATE_ROWS, DELETE_ROWS
+                )
                 changes = updates + deletes
                 detail = f"{updates:,} updates, {deletes:,} deletes"
             source.wait_flushed()
@@ -639,6 +631,9 @@ def _scaffolding(function: str) -> bool:
 
 
 # -- output -----------------------------------------------------------------------------------
+CORES = ("client_cpu_s", "reader_thread_cpu_s", "walsender_cpu_s")  # a run's CPU, as cores
+
+
 def _cores(cpu_s: float | None, seconds: float) -> str:
     return "-" if cpu_s is None or seconds <= 0 else f"{cpu_s / seconds:.2f}"
 
@@ -647,35 +642,21 @@ def report(result: dict[str, Any], markdown: bool) -> str:
     workload = result["workload"]
     server = result["server"]
     machine = result["machine"]
-    rows = []
-    for s in result["scenarios"]:
-        for r in s["runs"]:
-            ratio = r["ratio_to_reference"]
-            rows.append(
-                [
-                    s["name"],
-                    r["consumer"],
-                    f"{r['changes_per_s']:,.0f}",
-                    "1.00" if ratio is None else f"{ratio:.2f}",
-                    f"{r['seconds']:.2f}",
-                    _cores(r["client_cpu_s"], r["seconds"]),
-                    _cores(r["reader_thread_cpu_s"], r["seconds"]),
-                    _cores(r["walsender_cpu_s"], r["seconds"]),
-                    f"{r['machine_busy'] * 100:.0f}%",
-                    "-" if r["peak_rss_bytes"] is None else f"{r['peak_rss_bytes'] / MB:.0f}",
-                ]
-            )
-    headers = [
-        "scenario",
-        "consumer",
-        "changes/s",
-        "x pg_recvlogical",
-        "seconds",
-        "client cores",
-        "reader thread",
-        "walsender",
-        "machine busy",
-        "peak RSS MB",
+    headers = ["scenario", "consumer", "changes/s", "x pg_recvlogical", "seconds"]
+    headers += ["client cores", "reader thread", "walsender", "machine busy", "peak RSS MB"]
+    rows = [
+        [
+            s["name"],
+            r["consumer"],
+            f"{r['changes_per_s']:,.0f}",
+            "1.00" if r["ratio_to_reference"] is None else f"{r['ratio_to_reference']:.2f}",
+            f"{r['seconds']:.2f}",
+            *(_cores(r[k], r["seconds"]) for k in CORES),
+            f"{r['machine_busy'] * 100:.0f}%",
+            "-" if r["peak_rss_bytes"] is None else f"{r['peak_rss_bytes'] / MB:.0f}",
+        ]
+        for s in result["scenarios"]
+        for r in s["runs"]
     ]
     if server["dsn_given"]:
         where = f"PostgreSQL {server['server_version']} at --dsn"
@@ -768,9 +749,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--profile", action="store_true", help="py-spy on one more reader run (insert)"
     )
-    parser.add_argument(
-        "--no-mirror", action="store_true", help="no effect: the DuckDB mirror was removed"
-    )
     args = parser.parse_args(argv)
     if args.changes is None:
         args.changes = 20_000 if args.quick else 200_000
@@ -802,13 +780,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         reader_main(args.spec)
         return 0
     signal.signal(signal.SIGTERM, _terminated)  # clean up as on Ctrl-C
-    directory = bench_directory(args.dir, "bench-transport-")
     started = time.perf_counter()
-    try:
-        with _server(args.dsn) as dsn:
-            result = measure(args, dsn, directory)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with scratch_directory(args.dir, "bench-transport-") as directory, _server(args.dsn) as dsn:
+        result = measure(args, dsn, directory)
     progress(f"done in {time.perf_counter() - started:.0f} s")
     output(args.format, lambda: result, lambda markdown: report(result, markdown))
     return 0
