@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,12 +16,7 @@ from headwater.cli.main import cli
 from headwater.config import load_config
 from headwater.testing.kafka import KafkaCluster
 
-
-@pytest.fixture(autouse=True)
-def _no_headwater_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("HEADWATER_"):
-            monkeypatch.delenv(name)
+pytestmark = pytest.mark.usefixtures("no_headwater_env")
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ reading the DuckDB warehouse without holding it."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import urllib.error
@@ -23,12 +22,7 @@ from headwater.ops import warehouse
 from headwater.pipeline.status import Failure, StatusBoard, unhealthy
 from headwater.testing.collector import running_collector
 
-
-@pytest.fixture(autouse=True)
-def _no_headwater_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("HEADWATER_"):
-            monkeypatch.delenv(name)
+pytestmark = pytest.mark.usefixtures("no_headwater_env")
 
 
 @pytest.fixture

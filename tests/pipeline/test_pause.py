@@ -21,7 +21,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from tests.cli.test_status_sql import _no_headwater_env, hw  # noqa: F401 (a fixture)
+from tests.cli.test_status_sql import hw
 
 from headwater.bus import Bus, context, open_bus
 from headwater.bus.records import Message
@@ -44,6 +44,7 @@ from headwater.pipeline.status import (
 )
 from headwater.testing.webhooks import wait_until
 
+pytestmark = pytest.mark.usefixtures("no_headwater_env")
 TIMEOUT_S = 60.0
 FAST = Backoff(initial_s=0.5, max_s=3.0)
 HELD = ("held", "held-batch")  # paused and resumed; "live" never is

@@ -7,10 +7,14 @@ Each service is started once per test session, and only when a test asks for its
 - ``kafka_broker``: one Apache Kafka broker in KRaft mode (:class:`KafkaCluster`)
 - ``spark``: one local-mode SparkSession for the whole run (with Spark's Kafka connector)
 - ``browser`` and ``page``: Debian's Chromium driven by Playwright (``headwater.testing.browser``)
+
+and ``no_headwater_env``, for a test that reads configuration: no ``HEADWATER_*`` variable of
+the environment the tests run in overrides what the test sets.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +26,14 @@ if TYPE_CHECKING:
     from headwater.testing.kafka import KafkaCluster
     from headwater.testing.postgres import PostgresService
     from headwater.testing.redis import RedisService
+
+
+@pytest.fixture
+def no_headwater_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Remove every ``HEADWATER_*`` variable from the environment for the test."""
+    for name in list(os.environ):
+        if name.startswith("HEADWATER_"):
+            monkeypatch.delenv(name)
 
 
 @pytest.fixture(scope="session")
