@@ -111,6 +111,20 @@ def test_config_check_json_and_env_override(config_file: Path) -> None:
     }
 
 
+def test_config_check_json_hides_secrets(tmp_path: Path) -> None:
+    path = tmp_path / "headwater.yaml"
+    path.write_text(
+        "bus:\n"
+        "  kafka:\n"
+        "    client: {sasl.username: app, sasl.password: hunter2, ssl.key.pem: KEY}\n"
+    )
+    result = CliRunner().invoke(cli, ["config", "check", str(path), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    client = json.loads(result.stdout)["config"]["bus"]["kafka"]["client"]
+    assert client == {"sasl.username": "app", "sasl.password": "***", "ssl.key.pem": "***"}
+    assert "hunter2" not in result.stdout
+
+
 def test_config_check_bad_env_variable_is_named(config_file: Path) -> None:
     result = CliRunner().invoke(
         cli, ["config", "check", str(config_file)], env={"HEADWATER_BUS__NOPE": "1"}

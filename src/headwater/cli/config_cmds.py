@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from headwater.cli.context import config_option, config_path, format_option
-from headwater.cli.output import echo_json, redact, table
+from headwater.cli.output import echo_json, table
 from headwater.config.loader import (
     DEFAULT_CONFIG_FILE,
     InvalidConfig,
@@ -15,6 +15,7 @@ from headwater.config.loader import (
     read_config,
 )
 from headwater.config.model import HeadwaterConfig
+from headwater.ops.masking import redact
 
 
 @click.group("config")

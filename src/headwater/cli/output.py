@@ -1,18 +1,13 @@
-"""How the operator commands print: tables, JSON lines, configuration with secrets hidden
-(records are rendered by ``headwater.ops.records``, which the console shares)."""
+"""How the operator commands print: tables and JSON lines (records are rendered by
+``headwater.ops.records``, secrets masked by ``headwater.ops.masking``, both shared with the
+console)."""
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
 
 import click
-
-OutputFormat = Literal["text", "json"]
-
-_SECRET_KEY = re.compile(r"password|secret|token|credential|\.pem$|oauthbearer\.config", re.I)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -28,15 +23,3 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 def echo_json(value: object) -> None:
     """Print ``value`` as one line of JSON."""
     click.echo(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
-
-
-def redact(value: Any) -> Any:
-    """A copy of a JSON-like value with secrets (passwords, tokens, keys) replaced by ``***``."""
-    if isinstance(value, Mapping):
-        return {
-            k: "***" if isinstance(k, str) and _SECRET_KEY.search(k) else redact(v)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value

@@ -1,5 +1,6 @@
-"""The configuration as the console shows it (``masked``), and connection strings as logs and
-start-up lines show them (``redact_dsn``): every secret masked.
+"""The configuration as the console shows it (``masked``) and as ``headwater config show`` prints
+it (``redact``), and connection strings as logs and start-up lines show them (``redact_dsn``):
+every secret masked.
 
 A value is a secret when its key says so (password, secret, token, key, hash, authorization,
 credentials) or when it is a header value (``headers:`` maps hold API keys); connection
@@ -8,6 +9,7 @@ strings and URLs keep their host but lose their password."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from headwater.config.model import HeadwaterConfig
@@ -17,6 +19,8 @@ _SECRET = re.compile(
     r"password|secret|token|(^|_)keys?($|_)|hash|authorization|credential|signing", re.I
 )
 _URL = re.compile(r"dsn|url|servers?$", re.I)
+# the settings ``headwater config show`` hides (``redact``)
+_SECRET_SETTING = re.compile(r"password|secret|token|credential|\.pem$|oauthbearer\.config", re.I)
 
 
 def masked(config: HeadwaterConfig) -> dict[str, Any]:
@@ -42,3 +46,15 @@ def _walk(value: Any, key: str) -> Any:
 def redact_dsn(dsn: str) -> str:
     """A connection string without its password."""
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", re.sub(r"password=\S+", "password=***", dsn))
+
+
+def redact(value: Any) -> Any:
+    """A copy of a JSON-like value with secrets (passwords, tokens, keys) replaced by ``***``."""
+    if isinstance(value, Mapping):
+        return {
+            k: "***" if isinstance(k, str) and _SECRET_SETTING.search(k) else redact(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
