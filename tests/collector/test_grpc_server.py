@@ -559,8 +559,23 @@ def test_headers_that_are_not_utf8_are_unimplemented_and_the_connection_goes_on(
         (h2.PREFACE + h2.frame(h2.PING, 0, 0, b"short"), h2.PROTOCOL_ERROR),
         (h2.PREFACE + h2.frame(h2.DATA, 0, 7, b"\x00"), h2.PROTOCOL_ERROR),
         (h2.PREFACE + h2.frame(h2.CONTINUATION, h2.END_HEADERS, 1, b"\x82"), h2.PROTOCOL_ERROR),
+        (h2.PREFACE + h2.frame(h2.SETTINGS, h2.ACK, 0, bytes(6)), h2.FRAME_SIZE_ERROR),
+        (h2.PREFACE + h2.settings_frame({h2.ENABLE_PUSH: 2}), h2.PROTOCOL_ERROR),
+        (h2.PREFACE + h2.frame(h2.PRIORITY, 0, 0, bytes(5)), h2.PROTOCOL_ERROR),
+        (h2.PREFACE + h2.window_update(9, 1), h2.PROTOCOL_ERROR),
     ],
-    ids=["http1", "bad-hpack", "even-stream", "short-ping", "data-on-idle", "stray-continuation"],
+    ids=[
+        "http1",
+        "bad-hpack",
+        "even-stream",
+        "short-ping",
+        "data-on-idle",
+        "stray-continuation",
+        "settings-ack-with-payload",
+        "enable-push-2",
+        "priority-on-stream-0",
+        "window-update-on-idle",
+    ],
 )
 def test_a_broken_connection_gets_goaway_and_others_are_untouched(sent: bytes, code: int) -> None:
     rec = Recorder()
@@ -684,3 +699,138 @@ def test_mutated_http2_sessions_never_break_the_server(caplog: pytest.LogCapture
     assert not errors, errors[0].getMessage()
     closed = [r for r in caplog.records if "closed:" in r.getMessage()]
     assert len(closed) > 100  # most mutations broke the connection, and each was told why
+
+
+GOOD_REQUEST = [
+    (":method", "POST"),
+    (":scheme", "http"),
+    (":path", raccoon.METHOD),
+    (":authority", "localhost"),
+    ("content-type", "application/grpc"),
+    ("te", "trailers"),
+]
+
+
+def _without(name: str) -> list[tuple[str, str]]:
+    return [(n, v) for n, v in GOOD_REQUEST if n != name]
+
+
+def _with(name: str, value: str, at: int) -> list[tuple[str, str]]:
+    return [*GOOD_REQUEST[:at], (name, value), *GOOD_REQUEST[at:]]
+
+
+MALFORMED_REQUESTS = {  # RFC 9113 §8.2-8.3: each a stream error of type PROTOCOL_ERROR
+    "upper-case-name": _with("X-Trace", "1", 6),
+    "unknown-pseudo-header": _with(":foo", "x", 0),
+    "response-pseudo-header": _with(":status", "200", 0),
+    "pseudo-after-regular-field": _with(":authority", "x", 6)[:3] + _with(":authority", "x", 6)[4:],
+    "connection-specific-field": _with("connection", "keep-alive", 6),
+    "te-other-than-trailers": [*_without("te"), ("te", "trailers, deflate")],
+    "empty-path": [(n, "" if n == ":path" else v) for n, v in GOOD_REQUEST],
+    "no-method": _without(":method"),
+    "no-scheme": _without(":scheme"),
+    "no-path": _without(":path"),
+    "method-twice": _with(":method", "POST", 1),
+    "scheme-twice": _with(":scheme", "http", 2),
+    "path-twice": _with(":path", raccoon.METHOD, 3),
+}
+
+
+@pytest.mark.parametrize("block", MALFORMED_REQUESTS.values(), ids=MALFORMED_REQUESTS.keys())
+def test_a_malformed_request_is_reset_and_the_connection_goes_on(
+    block: list[tuple[str, str]],
+) -> None:
+    rec = Recorder()
+
+    async def main() -> None:
+        server = await raw_server(rec)
+        client = await RawClient.connect(server.port)
+        try:
+            encoded = client.encoder.encode(block)
+            client.writer.write(h2.frame(h2.HEADERS, h2.END_HEADERS, 1, encoded))
+            client.message(1, request("malformed"))
+            assert await client.frame() == _reset(1, h2.PROTOCOL_ERROR)
+            client.headers(3)
+            client.message(3, request("fine"))
+            kinds = [(await client.frame())[:3] for _ in range(3)]
+            assert kinds == [(h2.HEADERS, h2.END_HEADERS, 3), (h2.DATA, 0, 3), kinds[2]]
+            assert kinds[2][0] == h2.HEADERS and kinds[2][1] & h2.END_STREAM
+        finally:
+            await client.close()
+            await server.stop(1)
+
+    asyncio.run(main())
+    assert [raw for raw, _, _ in rec.calls] == [request("fine")]
+
+
+def _priority(depends_on: int) -> bytes:
+    return depends_on.to_bytes(4, "big") + b"\x10"  # not exclusive, weight 17
+
+
+def _reset(stream: int, code: int) -> tuple[int, int, int, bytes]:
+    return (h2.RST_STREAM, 0, stream, code.to_bytes(4, "big"))
+
+
+ENDS = h2.END_HEADERS | h2.END_STREAM
+
+
+STREAM_ERRORS = {  # (what the client sends on stream 1 or about it, the RST_STREAM code)
+    "priority-of-4-bytes": (lambda c: h2.frame(h2.PRIORITY, 0, 1, bytes(4)), h2.FRAME_SIZE_ERROR),
+    "priority-on-itself": (
+        lambda c: h2.frame(h2.PRIORITY, 0, 1, _priority(1)),
+        h2.PROTOCOL_ERROR,
+    ),
+    "headers-depending-on-themselves": (
+        lambda c: h2.frame(
+            h2.HEADERS,
+            h2.END_HEADERS | h2.PRIORITY_FLAG,
+            1,
+            _priority(1) + c.encoder.encode(GOOD_REQUEST),
+        ),
+        h2.PROTOCOL_ERROR,
+    ),
+    "trailers-with-a-pseudo-header": (
+        lambda c: (
+            h2.frame(h2.HEADERS, h2.END_HEADERS, 1, c.encoder.encode(GOOD_REQUEST))
+            + h2.frame(
+                h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1, c.encoder.encode([(":path", "/")])
+            )
+        ),
+        h2.PROTOCOL_ERROR,
+    ),
+}
+
+
+@pytest.mark.parametrize(("send", "code"), STREAM_ERRORS.values(), ids=STREAM_ERRORS.keys())
+def test_a_stream_error_resets_the_stream_and_the_connection_goes_on(
+    send: Callable[[RawClient], bytes], code: int
+) -> None:
+    rec = Recorder()
+
+    async def main() -> None:
+        server = await raw_server(rec)
+        client = await RawClient.connect(server.port)
+        try:
+            client.writer.write(send(client))
+            assert await client.frame() == _reset(1, code)
+            client.headers(3)
+            client.message(3, request("fine"))
+            assert [(await client.frame())[0] for _ in range(3)] == [
+                h2.HEADERS,
+                h2.DATA,
+                h2.HEADERS,
+            ]
+            # a WINDOW_UPDATE of 0 on the stream now closed is a stream error too (RFC 9113 §6.9)
+            client.writer.write(h2.window_update(3, 0))
+            assert await client.frame() == (
+                h2.RST_STREAM,
+                0,
+                3,
+                h2.PROTOCOL_ERROR.to_bytes(4, "big"),
+            )
+        finally:
+            await client.close()
+            await server.stop(1)
+
+    asyncio.run(main())
+    assert [raw for raw, _, _ in rec.calls] == [request("fine")]

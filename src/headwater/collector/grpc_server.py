@@ -70,6 +70,7 @@ DECODE_LIMIT = 65_536
 """A header block that would decode to more than this breaks the connection (its table)."""
 
 OK, CANCELLED, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 1, 8, 12, 13
+_SELF_DEPENDENT = 0x100  # beside a HEADERS frame's flags (a byte): its priority names itself
 _ENCODINGS = {b"identity": 0, b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
 _ACCEPT = h2.literal(b"grpc-accept-encoding", b"identity,deflate,gzip")
 _CONTENT_TYPE = h2.literal(b"content-type", b"application/grpc")
@@ -108,6 +109,15 @@ def _shown(value: bytes) -> str:
     return value.decode("utf-8", "backslashreplace")
 
 
+# A request's pseudo-header fields (RFC 9113 §8.3.1), the ones every request but CONNECT carries,
+# and the fields that only mean something to an HTTP/1.1 connection (§8.2.2)
+_REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
+_REQUIRED_PSEUDO = frozenset({b":method", b":scheme", b":path"})
+_CONNECTION_SPECIFIC = frozenset(
+    {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """What a call's header block says."""
@@ -118,6 +128,8 @@ class Request:
     encoding: bytes
     metadata: Mapping[str, str]
     size: int  # HPACK's measure of the list: names, values and 32 per field
+    request_problem: str  # why the block cannot open a request (RFC 9113 §8.2-8.3), or ""
+    trailers_problem: str  # why it cannot end a request as its trailers, or ""
 
 
 def parse_request(headers: h2.Headers) -> Request:
@@ -125,20 +137,49 @@ def parse_request(headers: h2.Headers) -> Request:
     encoding = b"identity"
     metadata: dict[str, str] = {}
     size = 0
+    pseudo: set[bytes] = set()
+    malformed = ""
+    regular = False
     for name, value in headers:
         size += len(name) + len(value) + 32
         if name[:1] == b":":
+            if malformed:
+                pass
+            elif regular:
+                malformed = f"{_shown(name)} after a regular field (RFC 9113 §8.3)"
+            elif name not in _REQUEST_PSEUDO:
+                malformed = f"the pseudo-header field {_shown(name)} (RFC 9113 §8.3)"
+            elif name in pseudo:
+                malformed = f"{_shown(name)} twice (RFC 9113 §8.3.1)"
+            elif name == b":path" and not value:
+                malformed = "an empty :path (RFC 9113 §8.3.1)"
+            pseudo.add(name)
             if name == b":method":
                 method = value
             elif name == b":path":
                 path = value
-        elif name == b"content-type":
+            continue
+        regular = True
+        if malformed:
+            pass
+        elif name in _CONNECTION_SPECIFIC or (name == b"te" and value != b"trailers"):
+            malformed = f"the connection-specific field {_shown(name)} (RFC 9113 §8.2.2)"
+        elif name != name.lower():
+            malformed = f"the field name {_shown(name)} in upper case (RFC 9113 §8.2)"
+        if name == b"content-type":
             content_type = value
         elif name == b"grpc-encoding":
             encoding = value
         elif not name.endswith(b"-bin"):
             metadata.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
-    return Request(method, path, content_type, encoding, types.MappingProxyType(metadata), size)
+    missing = _REQUIRED_PSEUDO - pseudo
+    if malformed or not missing or method == b"CONNECT":
+        opening = malformed
+    else:
+        opening = f"a request without {_shown(min(missing))} (RFC 9113 §8.3.1)"
+    ending = f"trailers with {_shown(min(pseudo))} (RFC 9113 §8.1)" if pseudo else malformed
+    meta = types.MappingProxyType(metadata)
+    return Request(method, path, content_type, encoding, meta, size, opening, ending)
 
 
 class _Stream:
@@ -326,13 +367,28 @@ class _Connection(asyncio.Protocol):
                 raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "a client cannot push")
             elif kind == h2.GOAWAY and stream:
                 raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "a GOAWAY on a stream")
-            # PRIORITY, GOAWAY (the client closes when it is done) and unknown types: nothing
+            elif kind == h2.PRIORITY:
+                self._priority(stream, payload)
+            # GOAWAY (the client closes when it is done) and unknown types: nothing
         return pos
+
+    def _priority(self, stream: int, payload: bytes) -> None:
+        """Priorities are not acted on, but a malformed PRIORITY frame is an error."""
+        if not stream:
+            raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "PRIORITY on stream 0 (RFC 9113 §6.3)")
+        if len(payload) != 5:
+            self._stream_error(stream, h2.FRAME_SIZE_ERROR)
+        elif h2.u32(payload[:4]) == stream:
+            self._stream_error(stream, h2.PROTOCOL_ERROR)  # depends on itself (§5.3.1)
 
     def _settings(self, stream: int, flags: int, payload: bytes) -> None:
         if stream:
             raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "SETTINGS on a stream")
         if flags & h2.ACK:
+            if payload:
+                raise h2.ConnectionFailure(
+                    h2.FRAME_SIZE_ERROR, "a SETTINGS acknowledgement with a payload (§6.5)"
+                )
             return
         for key, value in h2.parse_settings(payload):
             if key == h2.INITIAL_WINDOW_SIZE:
@@ -345,6 +401,10 @@ class _Connection(asyncio.Protocol):
                 if not h2.MIN_FRAME_SIZE <= value <= h2.MAX_FRAME_SIZE_LIMIT:
                     raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, f"a frame size of {value}")
                 self._frame_limit = value
+            elif key == h2.ENABLE_PUSH and value > 1:
+                raise h2.ConnectionFailure(
+                    h2.PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH of {value} (RFC 9113 §6.5.2)"
+                )
         self._send(h2.frame(h2.SETTINGS, h2.ACK, 0))
         self._unblock()
 
@@ -361,6 +421,12 @@ class _Connection(asyncio.Protocol):
         else:
             s = self._streams.get(stream)
             if s is None:
+                if stream > self._last_id:
+                    raise h2.ConnectionFailure(
+                        h2.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream} (§5.1)"
+                    )
+                if not increment:  # on a stream already closed here
+                    self._send(h2.rst_stream(stream, h2.PROTOCOL_ERROR))
                 return
             if not increment or s.window + increment > h2.MAX_WINDOW:
                 self._refuse_stream(s, h2.PROTOCOL_ERROR)
@@ -373,6 +439,10 @@ class _Connection(asyncio.Protocol):
             raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, f"HEADERS on stream {stream}")
         payload = h2.strip_padding(flags, payload)
         if flags & h2.PRIORITY_FLAG:
+            if len(payload) < 5:
+                raise h2.ConnectionFailure(h2.FRAME_SIZE_ERROR, "HEADERS too short for priority")
+            if h2.u32(payload[:4]) == stream:  # depends on itself (§5.3.1): its block still counts
+                flags |= _SELF_DEPENDENT
             payload = payload[5:]
         if flags & h2.END_HEADERS:
             self._block(stream, flags, payload)
@@ -395,7 +465,9 @@ class _Connection(asyncio.Protocol):
         request = self._blocks.decode(block)  # every block, in order: the table depends on it
         known = self._streams.get(stream)
         if known is not None:  # trailers end the request
-            if not flags & h2.END_STREAM:
+            problem = request.trailers_problem
+            if problem or not flags & h2.END_STREAM or flags & _SELF_DEPENDENT:
+                log.debug("gRPC stream %d refused: %s", stream, problem or "not trailers")
                 self._refuse_stream(known, h2.PROTOCOL_ERROR)
             elif not known.done:
                 self._request_done(known)
@@ -404,6 +476,11 @@ class _Connection(asyncio.Protocol):
             self._send(h2.rst_stream(stream, h2.STREAM_CLOSED))
             return
         self._last_id = stream
+        problem = request.request_problem
+        if problem or flags & _SELF_DEPENDENT:
+            log.debug("gRPC stream %d refused: %s", stream, problem or "depends on itself")
+            self._send(h2.rst_stream(stream, h2.PROTOCOL_ERROR))
+            return
         if self._going_away or len(self._streams) >= MAX_STREAMS:
             self._send(h2.rst_stream(stream, h2.REFUSED_STREAM))
             return
@@ -603,6 +680,14 @@ class _Connection(asyncio.Protocol):
         s.done = True
         self._release(s)
         self._send(h2.rst_stream(s.id, code))
+
+    def _stream_error(self, stream: int, code: int) -> None:
+        """End ``stream`` with RST_STREAM ``code``, whether or not it is open here."""
+        s = self._streams.get(stream)
+        if s is not None:
+            self._refuse_stream(s, code)
+        else:
+            self._send(h2.rst_stream(stream, code))
 
 
 class GrpcServer:
