@@ -736,31 +736,47 @@ MALFORMED_REQUESTS = {  # RFC 9113 §8.2-8.3: each a stream error of type PROTOC
 }
 
 
-@pytest.mark.parametrize("block", MALFORMED_REQUESTS.values(), ids=MALFORMED_REQUESTS.keys())
-def test_a_malformed_request_is_reset_and_the_connection_goes_on(
-    block: list[tuple[str, str]],
+def _reset_then_served(
+    send: Callable[[RawClient], bytes], code: int, *, closed_window_update: bool = False
 ) -> None:
+    """What ``send`` writes resets stream 1 with ``code``; a good call on stream 3 is answered
+    afterwards (and, with ``closed_window_update``, a WINDOW_UPDATE of 0 on it once closed is
+    a stream error too, RFC 9113 §6.9); the handler sees only the good call."""
     rec = Recorder()
 
     async def main() -> None:
         server = await raw_server(rec)
         client = await RawClient.connect(server.port)
         try:
-            encoded = client.encoder.encode(block)
-            client.writer.write(h2.frame(h2.HEADERS, h2.END_HEADERS, 1, encoded))
-            client.message(1, request("malformed"))
-            assert await client.frame() == _reset(1, h2.PROTOCOL_ERROR)
+            client.writer.write(send(client))
+            assert await client.frame() == _reset(1, code)
             client.headers(3)
             client.message(3, request("fine"))
             kinds = [(await client.frame())[:3] for _ in range(3)]
             assert kinds == [(h2.HEADERS, h2.END_HEADERS, 3), (h2.DATA, 0, 3), kinds[2]]
             assert kinds[2][0] == h2.HEADERS and kinds[2][1] & h2.END_STREAM
+            if closed_window_update:
+                client.writer.write(h2.window_update(3, 0))
+                assert await client.frame() == _reset(3, h2.PROTOCOL_ERROR)
         finally:
             await client.close()
             await server.stop(1)
 
     asyncio.run(main())
     assert [raw for raw, _, _ in rec.calls] == [request("fine")]
+
+
+@pytest.mark.parametrize("block", MALFORMED_REQUESTS.values(), ids=MALFORMED_REQUESTS.keys())
+def test_a_malformed_request_is_reset_and_the_connection_goes_on(
+    block: list[tuple[str, str]],
+) -> None:
+    _reset_then_served(
+        lambda c: (
+            h2.frame(h2.HEADERS, h2.END_HEADERS, 1, c.encoder.encode(block))
+            + h2.frame(h2.DATA, h2.END_STREAM, 1, length_prefixed(request("malformed")))
+        ),
+        h2.PROTOCOL_ERROR,
+    )
 
 
 def _priority(depends_on: int) -> bytes:
@@ -805,32 +821,4 @@ STREAM_ERRORS = {  # (what the client sends on stream 1 or about it, the RST_STR
 def test_a_stream_error_resets_the_stream_and_the_connection_goes_on(
     send: Callable[[RawClient], bytes], code: int
 ) -> None:
-    rec = Recorder()
-
-    async def main() -> None:
-        server = await raw_server(rec)
-        client = await RawClient.connect(server.port)
-        try:
-            client.writer.write(send(client))
-            assert await client.frame() == _reset(1, code)
-            client.headers(3)
-            client.message(3, request("fine"))
-            assert [(await client.frame())[0] for _ in range(3)] == [
-                h2.HEADERS,
-                h2.DATA,
-                h2.HEADERS,
-            ]
-            # a WINDOW_UPDATE of 0 on the stream now closed is a stream error too (RFC 9113 §6.9)
-            client.writer.write(h2.window_update(3, 0))
-            assert await client.frame() == (
-                h2.RST_STREAM,
-                0,
-                3,
-                h2.PROTOCOL_ERROR.to_bytes(4, "big"),
-            )
-        finally:
-            await client.close()
-            await server.stop(1)
-
-    asyncio.run(main())
-    assert [raw for raw, _, _ in rec.calls] == [request("fine")]
+    _reset_then_served(send, code, closed_window_update=True)
