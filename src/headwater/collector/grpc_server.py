@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import types
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
@@ -701,8 +702,10 @@ class GrpcServer:
         max_message_bytes: int,
         *,
         share_port: bool = False,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.handle = handle
+        self.tls = tls  # TLS on the port (the context offers ALPN h2), or plain h2c
         self.share_port = share_port  # intake workers share one port (SO_REUSEPORT)
         self.host = host
         self.port = port
@@ -728,6 +731,7 @@ class GrpcServer:
                 # a port another process holds is an error, not a silent share (intake
                 # workers share the port their parent reserved)
                 reuse_port=self.share_port or None,
+                ssl=self.tls,
             )
         except OSError as e:
             raise OSError(e.errno, f"the gRPC server cannot listen on {address}: {e}") from e
