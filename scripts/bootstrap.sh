@@ -11,7 +11,9 @@
 #   - Apache Kafka's broker (tests, benchmarks) and Spark's Kafka connector (the pipeline with
 #     bus: kafka), fetched once from Maven Central with mvn into ~/.cache/headwater/maven;
 #   - Node.js and @grpc/grpc-js, the tests' second gRPC client (tests/collector/grpc_js),
-#     installed with npm into ~/.cache/headwater/grpc-js once per package-lock.json.
+#     installed with npm into ~/.cache/headwater/grpc-js once per package-lock.json;
+#   - h2spec, the HTTP/2 conformance tool the tests run against the gRPC port, built with
+#     `go install` into ~/.cache/headwater/go once (Go from /usr/local/go or PATH, else Debian's).
 # When everything is already there it does no network access and takes well under a second.
 #
 # Run it directly (`scripts/bootstrap.sh`) or let scripts/up and scripts/test run it.
@@ -181,6 +183,23 @@ ensure_grpc_js() {
     printf '%s\n' "$want" >"$dest/.stamp"
 }
 
+# h2spec for tests/collector/test_h2spec.py, outside the checkout like the other test tools.
+H2SPEC_MODULE="github.com/summerwind/h2spec/cmd/h2spec@v2.2.1+incompatible"
+ensure_h2spec() {
+    local gopath="${XDG_CACHE_HOME:-$HOME/.cache}/headwater/go"
+    [[ -x $gopath/bin/h2spec ]] && return 0
+    local go
+    go="$(PATH="$PATH:/usr/local/go/bin" command -v go 2>/dev/null || true)"
+    if [[ -z $go && ${HW_SKIP_SYSTEM_PACKAGES:-0} != 1 ]]; then
+        install_system_packages golang-go
+        go="$(command -v go 2>/dev/null || true)"
+    fi
+    [[ -n $go ]] || die "Go is needed to build h2spec and was not found; install Go (golang-go)"
+    say "building h2spec into $gopath (once; about 20 s)"
+    GOPATH="$gopath" GOFLAGS=-modcacherw "$go" install "$H2SPEC_MODULE" >&2 ||
+        die "go install $H2SPEC_MODULE failed (see above)"
+}
+
 main() {
     # One bootstrap at a time for this checkout (scripts/up and scripts/test may race).
     if command -v flock >/dev/null 2>&1; then
@@ -200,6 +219,7 @@ main() {
     ensure_jvm_archive
     ensure_jvm_artifacts
     ensure_grpc_js
+    ensure_h2spec
 }
 
 main "$@"

@@ -38,6 +38,7 @@ import logging
 import ssl
 import types
 import zlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -64,24 +65,40 @@ MAX_STREAMS = 1024
 """Calls one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS)."""
 RECEIVE_WINDOW = 1 << 24
 """How much a client may send ahead of the server's reading, per stream and per connection."""
-MAX_FRAME = 1 << 20
+MAX_FRAME = h2.MIN_FRAME_SIZE
+"""The largest frame a client may send (the protocol's default, so not advertised): a header
+block larger than one frame comes in CONTINUATION frames, and a message in many DATA frames."""
 MAX_HEADER_LIST = 16_384
 """Metadata larger than this (as HPACK counts it) is refused with RESOURCE_EXHAUSTED."""
 DECODE_LIMIT = 65_536
 """A header block that would decode to more than this breaks the connection (its table)."""
+MAX_CONTINUATIONS = 64
+"""CONTINUATION frames one header block may take; more end the connection (CVE-2024-27316)."""
+CLOSED_REMEMBERED = 2 * MAX_STREAMS
+"""Closed streams a connection remembers, to tell a frame on a closed stream (an error) from one
+on a stream it reset (dropped: the client may have sent it before it saw the reset)."""
+RESET_BURST, RESET_RATE = 1000, 33.0
+"""Streams a connection may have reset, by the client or by the server for its errors, at once
+and then per second, before it is ended with ENHANCE_YOUR_CALM (rapid reset, CVE-2023-44487,
+and its variant where the client makes the server reset, CVE-2025-8671)."""
+CONTROL_BURST, CONTROL_RATE = 1000, 100.0
+"""PING, SETTINGS and PRIORITY frames a connection may send at once and then per second, and
+each call it opens adds one (flood protection: each of these costs the server work, gives none)."""
+IDLE_TIMEOUT_S = 300.0
+"""A connection with no call in a handler that sends nothing for this long is closed (GOAWAY)."""
 
-OK, CANCELLED, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 1, 8, 12, 13
+OK, CANCELLED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 1, 4, 8, 12, 13
 _SELF_DEPENDENT = 0x100  # beside a HEADERS frame's flags (a byte): its priority names itself
 _ENCODINGS = {b"identity": 0, b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
 _ACCEPT = h2.literal(b"grpc-accept-encoding", b"identity,deflate,gzip")
 _CONTENT_TYPE = h2.literal(b"content-type", b"application/grpc")
+_TEXT = h2.literal(b"content-type", b"text/plain; charset=utf-8")
 _RESPONSE_HEADERS = h2.STATUS_200 + _CONTENT_TYPE + _ACCEPT
 _OK_TRAILERS = h2.literal(b"grpc-status", b"0")
 _SETTINGS = h2.settings_frame(
     {
         h2.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
         h2.INITIAL_WINDOW_SIZE: RECEIVE_WINDOW,
-        h2.MAX_FRAME_SIZE: MAX_FRAME,
         h2.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
         h2.ENABLE_PUSH: 0,
     }
@@ -94,12 +111,14 @@ def length_prefixed(message: bytes) -> bytes:
     return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
-def _status_block(code: int, message: str, http_status: int = 200) -> bytes:
+def _status_block(
+    code: int, message: str, http_status: int = 200, content_type: bytes = _CONTENT_TYPE
+) -> bytes:
     """A trailers-only answer's header block: gRPC status ``code`` with ``message``."""
     encoded = quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode()
     return (
         h2.status(http_status)
-        + _CONTENT_TYPE
+        + content_type
         + h2.literal(b"grpc-status", str(code).encode())
         + h2.literal(b"grpc-message", encoded)
     )
@@ -129,6 +148,7 @@ class Request:
     encoding: bytes
     metadata: Mapping[str, str]
     size: int  # HPACK's measure of the list: names, values and 32 per field
+    content_length: int  # what its content-length says the DATA will add up to, or -1
     request_problem: str  # why the block cannot open a request (RFC 9113 §8.2-8.3), or ""
     trailers_problem: str  # why it cannot end a request as its trailers, or ""
 
@@ -138,6 +158,7 @@ def parse_request(headers: h2.Headers) -> Request:
     encoding = b"identity"
     metadata: dict[str, str] = {}
     size = 0
+    content_length = -1
     pseudo: set[bytes] = set()
     malformed = ""
     regular = False
@@ -171,6 +192,11 @@ def parse_request(headers: h2.Headers) -> Request:
             content_type = value
         elif name == b"grpc-encoding":
             encoding = value
+        elif name == b"content-length":
+            if not value.isdigit() or content_length not in (-1, int(value)):
+                malformed = malformed or f"the content-length {_shown(value)} (RFC 9110 §8.6)"
+            else:
+                content_length = int(value)
         elif not name.endswith(b"-bin"):
             metadata.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
     missing = _REQUIRED_PSEUDO - pseudo
@@ -180,51 +206,70 @@ def parse_request(headers: h2.Headers) -> Request:
         opening = f"a request without {_shown(min(missing))} (RFC 9113 §8.3.1)"
     ending = f"trailers with {_shown(min(pseudo))} (RFC 9113 §8.1)" if pseudo else malformed
     meta = types.MappingProxyType(metadata)
-    return Request(method, path, content_type, encoding, meta, size, opening, ending)
+    return Request(
+        method, path, content_type, encoding, meta, size, content_length, opening, ending
+    )
 
 
 class _Stream:
     __slots__ = (
         "chunks",
-        "done",
+        "ended",
         "held",
         "id",
+        "opened",
         "pending",
+        "problem",
         "received",
         "request",
+        "tail",
         "unread",
         "window",
     )
 
-    def __init__(self, stream_id: int, request: Request, window: int) -> None:
+    def __init__(self, stream_id: int, request: Request, window: int, opened: float) -> None:
         self.id = stream_id
         self.request = request
+        self.opened = opened  # the server's clock when its HEADERS came
         self.chunks: list[bytes] = []
-        self.received = 0  # message bytes so far
+        self.received = 0  # DATA bytes so far (without padding)
         self.held = 0  # bytes of the connection's receive window this request holds
         self.unread = 0  # flow-controlled bytes not yet given back with a WINDOW_UPDATE
         self.window = window  # what the client lets this stream send it
         self.pending = b""  # an answer's DATA waiting for the client's windows
-        self.done = False  # the client has sent all of its request
+        self.tail: bytes | None = None  # what follows it: trailers, or None (END_STREAM on DATA)
+        self.ended = False  # the client has sent all of its request (END_STREAM)
+        self.problem: tuple[int, str, int] | None = None  # the answer, once the request is whole
 
 
 class _Connection(asyncio.Protocol):
-    """One client connection: HTTP/2 frames in, calls to ``handle``, answers out."""
+    """One client connection: HTTP/2 frames in, calls to ``handle``, answers out.
+
+    Streams follow RFC 9113 §5.1: ``_streams`` holds the open and half-closed ones; a stream id
+    above ``_last_id`` is idle; ``_closed`` remembers the last ``CLOSED_REMEMBERED`` streams
+    closed, and by whom. A frame the state does not allow is a stream or connection error as the
+    RFC says, except on a stream this side reset (the client may have sent it before it saw the
+    reset: dropped) or one closed too long ago to be remembered (dropped too).
+    """
 
     def __init__(self, server: GrpcServer) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
         self.peer = ""
+        self.last_seen = server.clock  # when the client last sent anything
         self._buffer = bytearray()
         self._preface = False
         self._blocks = h2.HeaderBlocks(parse_request, DECODE_LIMIT)
         self._continuing: tuple[int, int, list[bytes]] | None = None
         self._streams: dict[int, _Stream] = {}
+        self._closed: OrderedDict[int, bool] = OrderedDict()  # True: closed by the client
         self._last_id = 0
         self._unread = 0  # connection-level bytes not yet given back
         self._window = h2.DEFAULT_WINDOW  # what the client lets the connection send it
         self._stream_window = h2.DEFAULT_WINDOW  # its SETTINGS_INITIAL_WINDOW_SIZE
         self._frame_limit = h2.MIN_FRAME_SIZE  # its SETTINGS_MAX_FRAME_SIZE
+        self._resets = h2.Budget(RESET_BURST, RESET_RATE)
+        self._control = h2.Budget(CONTROL_BURST, CONTROL_RATE)
         self._blocked: list[_Stream] = []
         self._out: list[bytes] = []
         self._flushing = False
@@ -276,13 +321,18 @@ class _Connection(asyncio.Protocol):
             if self._going_away and not self._streams:
                 self.transport.close()
 
-    def _fail(self, failure: h2.ConnectionFailure) -> None:
+    def _fail(self, failure: h2.ConnectionFailure, abort: bool = False) -> None:
+        """End the connection with a GOAWAY naming ``failure``; ``abort`` drops what the client
+        has not read instead of waiting for it to read it."""
         log.info("gRPC connection from %s closed: %s", self.peer or "?", failure)
         if self.transport is not None:
             self._out.append(h2.goaway(self._last_id, failure.code, str(failure)))
             out, self._out = self._out, []
             self.transport.write(b"".join(out))
-            self.transport.close()
+            if abort:
+                self.transport.abort()
+            else:
+                self.transport.close()
             self.transport = None  # nothing more is written
         self._streams.clear()
         self._blocked.clear()
@@ -299,9 +349,28 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def check_deadlines(self, now: float) -> None:
+        """Answer requests not whole within the request timeout, and close the connection when
+        the client has sent nothing for the idle timeout and no call of it is in a handler."""
+        if self.transport is None:
+            return
+        server = self.server
+        late = now - server.request_timeout_s
+        for s in [s for s in self._streams.values() if not s.ended and s.opened <= late]:
+            message = f"the request was not sent within {server.request_timeout_s:g} s"
+            self._answer_early(s, DEADLINE_EXCEEDED, message, 200)
+        if now - self.last_seen >= server.idle_timeout_s and not any(
+            s.ended and not s.pending for s in self._streams.values()
+        ):
+            idle = f"nothing received for {server.idle_timeout_s:g} s"
+            self._fail(h2.ConnectionFailure(h2.NO_ERROR, idle), abort=True)
+
     # -- frames in -------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self.transport is None:  # ended (a deadline) with bytes still coming
+            return
+        self.last_seen = self.server.clock
         if self._buffer:  # the start of a frame came before
             self._buffer += data
             data = bytes(self._buffer)
@@ -336,7 +405,10 @@ class _Connection(asyncio.Protocol):
             high, low, kind, flags, stream = unpack(buffer, pos)
             length = high << 8 | low
             if length > MAX_FRAME:
-                raise h2.ConnectionFailure(h2.FRAME_SIZE_ERROR, f"a {length}-byte frame")
+                raise h2.ConnectionFailure(
+                    h2.FRAME_SIZE_ERROR,
+                    f"a {length}-byte frame, over SETTINGS_MAX_FRAME_SIZE {MAX_FRAME} (§4.2)",
+                )
             start = pos + h2.FRAME_HEAD_SIZE
             if size - start < length:
                 break
@@ -359,6 +431,7 @@ class _Connection(asyncio.Protocol):
                 if stream or length != 8:
                     raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "a malformed PING")
                 if not flags & h2.ACK:
+                    self._spend_control("PING")
                     self._send(h2.frame(h2.PING, h2.ACK, 0, payload))
             elif kind == h2.RST_STREAM:
                 if not stream or length != 4:
@@ -373,10 +446,27 @@ class _Connection(asyncio.Protocol):
             # GOAWAY (the client closes when it is done) and unknown types: nothing
         return pos
 
+    def _spend_control(self, kind: str) -> None:
+        if not self._control.spend(self.server.clock):
+            raise h2.ConnectionFailure(
+                h2.ENHANCE_YOUR_CALM,
+                f"more than {CONTROL_BURST} PING, SETTINGS and PRIORITY frames and "
+                f"{CONTROL_RATE:g} a second (a flood of {kind})",
+            )
+
+    def _spend_reset(self) -> None:
+        if not self._resets.spend(self.server.clock):
+            raise h2.ConnectionFailure(
+                h2.ENHANCE_YOUR_CALM,
+                f"more than {RESET_BURST} streams reset and {RESET_RATE:g} a second "
+                "(rapid reset, CVE-2023-44487)",
+            )
+
     def _priority(self, stream: int, payload: bytes) -> None:
         """Priorities are not acted on, but a malformed PRIORITY frame is an error."""
         if not stream:
             raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "PRIORITY on stream 0 (RFC 9113 §6.3)")
+        self._spend_control("PRIORITY")
         if len(payload) != 5:
             self._stream_error(stream, h2.FRAME_SIZE_ERROR)
         elif h2.u32(payload[:4]) == stream:
@@ -391,6 +481,7 @@ class _Connection(asyncio.Protocol):
                     h2.FRAME_SIZE_ERROR, "a SETTINGS acknowledgement with a payload (§6.5)"
                 )
             return
+        self._spend_control("SETTINGS")
         for key, value in h2.parse_settings(payload):
             if key == h2.INITIAL_WINDOW_SIZE:
                 if value > h2.MAX_WINDOW:
@@ -427,10 +518,13 @@ class _Connection(asyncio.Protocol):
                         h2.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream} (§5.1)"
                     )
                 if not increment:  # on a stream already closed here
-                    self._send(h2.rst_stream(stream, h2.PROTOCOL_ERROR))
+                    self._stream_error(stream, h2.PROTOCOL_ERROR)
+                return  # closed: one in flight when it closed is allowed (§5.1)
+            if not increment:
+                self._stream_error(stream, h2.PROTOCOL_ERROR)  # §6.9
                 return
-            if not increment or s.window + increment > h2.MAX_WINDOW:
-                self._refuse_stream(s, h2.PROTOCOL_ERROR)
+            if s.window + increment > h2.MAX_WINDOW:
+                self._stream_error(stream, h2.FLOW_CONTROL_ERROR)  # §6.9.1
                 return
             s.window += increment
         self._unblock()
@@ -457,6 +551,11 @@ class _Connection(asyncio.Protocol):
         parts.append(payload)
         if sum(map(len, parts)) > DECODE_LIMIT:
             raise h2.ConnectionFailure(h2.COMPRESSION_ERROR, "a header block over 64 KiB")
+        if len(parts) > MAX_CONTINUATIONS:
+            raise h2.ConnectionFailure(
+                h2.ENHANCE_YOUR_CALM,
+                f"a header block in over {MAX_CONTINUATIONS} CONTINUATION frames (CVE-2024-27316)",
+            )
         if flags & h2.END_HEADERS:
             self._continuing = None
             self._block(stream, first_flags, b"".join(parts))
@@ -467,35 +566,47 @@ class _Connection(asyncio.Protocol):
         known = self._streams.get(stream)
         if known is not None:  # trailers end the request
             problem = request.trailers_problem
-            if problem or not flags & h2.END_STREAM or flags & _SELF_DEPENDENT:
+            if known.ended:  # half-closed (remote): only WINDOW_UPDATE, PRIORITY, RST (§5.1)
+                self._stream_error(stream, h2.STREAM_CLOSED)
+            elif problem or not flags & h2.END_STREAM or flags & _SELF_DEPENDENT:
                 log.debug("gRPC stream %d refused: %s", stream, problem or "not trailers")
-                self._refuse_stream(known, h2.PROTOCOL_ERROR)
-            elif not known.done:
-                self._request_done(known)
+                self._stream_error(stream, h2.PROTOCOL_ERROR)
+            else:
+                self._ended(known)
             return
         if stream <= self._last_id:
-            self._send(h2.rst_stream(stream, h2.STREAM_CLOSED))
-            return
+            closed_by_client = self._closed.get(stream)
+            if closed_by_client is None:
+                raise h2.ConnectionFailure(
+                    h2.PROTOCOL_ERROR,
+                    f"HEADERS opening stream {stream} after stream {self._last_id} (§5.1.1)",
+                )
+            if closed_by_client:
+                raise h2.ConnectionFailure(
+                    h2.STREAM_CLOSED, f"HEADERS on stream {stream}, closed (§5.1)"
+                )
+            return  # reset here: sent before the client saw the reset
         self._last_id = stream
+        self._control.earn()  # a call opened: one control frame more is fair
         problem = request.request_problem
         if problem or flags & _SELF_DEPENDENT:
             log.debug("gRPC stream %d refused: %s", stream, problem or "depends on itself")
-            self._send(h2.rst_stream(stream, h2.PROTOCOL_ERROR))
+            self._stream_error(stream, h2.PROTOCOL_ERROR)
             return
         if self._going_away or len(self._streams) >= MAX_STREAMS:
             self._send(h2.rst_stream(stream, h2.REFUSED_STREAM))
+            self._close(stream, False)
             return
-        s = _Stream(stream, request, self._stream_window)
+        s = _Stream(stream, request, self._stream_window, self.server.clock)
         self._streams[stream] = s
-        s.done = bool(flags & h2.END_STREAM)
-        problem = self._check(request)
-        if problem is not None:
-            self._answer_early(s, *problem)
-        elif s.done:
-            self._request_done(s)
+        s.problem = self._check(request)
+        if flags & h2.END_STREAM:
+            self._ended(s)
 
     @staticmethod
     def _check(request: Request) -> tuple[int, str, int] | None:
+        """Why a call is answered without reaching the handler: the gRPC status, its message
+        and the HTTP status (not 200: the request is not a gRPC call at all)."""
         if not request.content_type.startswith(b"application/grpc"):
             return UNIMPLEMENTED, "the content-type must be application/grpc", 415
         if request.method != b"POST":
@@ -516,35 +627,50 @@ class _Connection(asyncio.Protocol):
         if not stream:
             raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, "DATA on stream 0")
         flowed = len(payload)
+        message = h2.strip_padding(flags, payload)  # bad padding breaks the connection (§6.1)
         s = self._streams.get(stream)
-        if s is None or s.done:
-            if stream > self._last_id:
+        if s is None or s.ended:
+            self._credit(flowed)  # never read: the connection's window is given back at once
+            if s is not None:  # half-closed (remote): the request was whole (§5.1)
+                self._stream_error(stream, h2.STREAM_CLOSED)
+            elif stream > self._last_id:
                 raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, f"DATA on idle stream {stream}")
-            self._credit(flowed)
-            return  # a stream already answered or reset: its data is dropped
-        s.held += flowed  # given back to the connection's window once the request is whole
-        message = h2.strip_padding(flags, payload)
-        if not s.received and len(message) >= 5:  # the length prefix, checked at once
-            size = int.from_bytes(message[1:5], "big")
-            limit = self.server.max_message_bytes
-            if size > limit:
-                self._answer_early(
-                    s,
-                    RESOURCE_EXHAUSTED,
-                    f"the request message is {size} bytes, over the limit of {limit}",
-                    200,
+            elif self._closed.get(stream):
+                raise h2.ConnectionFailure(
+                    h2.STREAM_CLOSED, f"DATA on stream {stream}, closed (§5.1)"
                 )
-                return
-        s.chunks.append(message)
+            return  # a stream reset here (or long closed): its data is dropped
+        first = not s.received
         s.received += len(message)
+        expected = s.request.content_length
+        if 0 <= expected < s.received:
+            self._credit(flowed)
+            self._stream_error(stream, h2.PROTOCOL_ERROR)  # more than content-length (§8.1.1)
+            return
+        if s.problem is not None:  # answered once whole: its data is not kept
+            self._credit(flowed)
+        else:
+            s.held += flowed  # given back to the connection's window once the request is whole
+            if first and len(message) >= 5:  # the length prefix, checked at once
+                size = int.from_bytes(message[1:5], "big")
+                limit = self.server.max_message_bytes
+                if size > limit:
+                    self._answer_early(
+                        s,
+                        RESOURCE_EXHAUSTED,
+                        f"the request message is {size} bytes, over the limit of {limit}",
+                        200,
+                    )
+                    return
+            s.chunks.append(message)
         if flags & h2.END_STREAM:
-            self._request_done(s)
+            self._ended(s)
             return
         s.unread += flowed
         if s.unread >= RECEIVE_WINDOW // 2:
             self._send(h2.window_update(stream, s.unread))
             s.unread = 0
-        if s.received > self.server.max_message_bytes + 5:
+        if s.problem is None and s.received > self.server.max_message_bytes + 5:
             self._answer_early(s, INTERNAL, "a unary call takes one message", 200)
 
     def _credit(self, size: int) -> None:
@@ -562,9 +688,21 @@ class _Connection(asyncio.Protocol):
         self._credit(s.held)
         s.held = 0
 
-    def _request_done(self, s: _Stream) -> None:
-        s.done = True
+    def _ended(self, s: _Stream) -> None:
+        """The client has sent all of ``s``'s request: check it, then answer or call."""
+        s.ended = True
         self._release(s)
+        expected = s.request.content_length
+        if expected >= 0 and s.received != expected:
+            self._stream_error(s.id, h2.PROTOCOL_ERROR)  # less than content-length (§8.1.1)
+        elif s.problem is None:
+            self._request_done(s)
+        elif s.problem[2] == 200:
+            self.answer(s, status=s.problem[:2])
+        else:
+            self._answer_http(s, *s.problem)
+
+    def _request_done(self, s: _Stream) -> None:
         body = b"".join(s.chunks)
         s.chunks = []
         if len(body) < 5:
@@ -605,13 +743,25 @@ class _Connection(asyncio.Protocol):
     # -- answers out -----------------------------------------------------------------------------
 
     def _answer_early(self, s: _Stream, code: int, message: str, http_status: int) -> None:
-        """Answer a call before its request is all here, and tell the client to stop sending."""
-        done = s.done
-        self.answer(s, status=(code, message), http_status=http_status)
-        if not done:
-            s.done = True
-            self._send(h2.rst_stream(s.id, h2.NO_ERROR))
+        """Answer a call before its request is all here, and tell the client to stop sending
+        (RFC 9113 §8.1: RST_STREAM with NO_ERROR after a complete response)."""
         self._release(s)
+        s.chunks = []
+        self.answer(s, status=(code, message), http_status=http_status)
+        self._send(h2.rst_stream(s.id, h2.NO_ERROR))
+
+    def _answer_http(self, s: _Stream, code: int, message: str, http_status: int) -> None:
+        """Answer a request that is not a gRPC call: ``http_status`` with ``message`` as text
+        (and as the gRPC status ``code``, for a gRPC client that took a wrong turn)."""
+        if self._streams.get(s.id) is not s or self.transport is None:
+            return
+        body = message.encode() + b"\n"
+        head = _status_block(code, message, http_status, _TEXT)
+        head += h2.literal(b"content-length", str(len(body)).encode())
+        self._send(h2.frame(h2.HEADERS, h2.END_HEADERS, s.id, head))
+        s.pending, s.tail = body, None
+        self._blocked.append(s)
+        self._unblock()
 
     def answer(
         self,
@@ -621,29 +771,30 @@ class _Connection(asyncio.Protocol):
         http_status: int = 200,
     ) -> None:
         """Send a call's answer: ``response`` with status 0, or trailers only with ``status``."""
-        if self._streams.pop(s.id, None) is None or self.transport is None:
+        if self._streams.get(s.id) is not s or self.transport is None:
             return  # reset by the client, or the connection is gone
         if status is not None:
             block = _status_block(*status, http_status=http_status)
             self._send(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, s.id, block))
+            self._close(s.id, s.ended)
+            return
+        assert response is not None
+        data = length_prefixed(response)
+        size = len(data)
+        head = h2.frame(h2.HEADERS, h2.END_HEADERS, s.id, _RESPONSE_HEADERS)
+        if size <= self._window and size <= s.window and size <= self._frame_limit:
+            self._window -= size
+            self._send(
+                head
+                + h2.frame(h2.DATA, 0, s.id, data)
+                + h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, s.id, _OK_TRAILERS)
+            )
+            self._close(s.id, s.ended)
         else:
-            assert response is not None
-            data = length_prefixed(response)
-            size = len(data)
-            head = h2.frame(h2.HEADERS, h2.END_HEADERS, s.id, _RESPONSE_HEADERS)
-            if size <= self._window and size <= s.window and size <= self._frame_limit:
-                self._window -= size
-                self._send(
-                    head
-                    + h2.frame(h2.DATA, 0, s.id, data)
-                    + h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, s.id, _OK_TRAILERS)
-                )
-            else:
-                self._send(head)
-                s.pending = data
-                self._streams[s.id] = s  # still open until its DATA is out
-                self._blocked.append(s)
-                self._unblock()
+            self._send(head)
+            s.pending, s.tail = data, _OK_TRAILERS  # still open until its DATA is out
+            self._blocked.append(s)
+            self._unblock()
 
     def _unblock(self) -> None:
         """Send what the client's windows now let through of answers waiting for them."""
@@ -658,37 +809,45 @@ class _Connection(asyncio.Protocol):
             part, s.pending = s.pending[:room], s.pending[room:]
             self._window -= len(part)
             s.window -= len(part)
-            self._send(h2.frame(h2.DATA, 0, s.id, part))
+            last = not s.pending and s.tail is None
+            self._send(h2.frame(h2.DATA, h2.END_STREAM if last else 0, s.id, part))
             if s.pending:
                 continue
             self._blocked.pop(0)
-            del self._streams[s.id]
-            self._send(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, s.id, _OK_TRAILERS))
+            if s.tail is not None:
+                self._send(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, s.id, s.tail))
+            self._close(s.id, s.ended)
+
+    def _close(self, stream: int, by_client: bool) -> None:
+        """``stream`` is closed: answered in full (by the client too if its request was whole),
+        or reset by either side."""
+        self._streams.pop(stream, None)
+        closed = self._closed
+        closed[stream] = by_client
+        if len(closed) > CLOSED_REMEMBERED:
+            closed.popitem(last=False)
+        if self._going_away and not self._streams:
+            self._send(b"")  # nothing more to send: the flush closes the connection
 
     def _reset(self, stream: int) -> None:
         """The client cancelled a call: nothing more is sent on it."""
-        s = self._streams.pop(stream, None)
+        s = self._streams.get(stream)
         if s is not None:
-            s.done = True
+            self._spend_reset()
             self._release(s)
-            if self._going_away and not self._streams:
-                self._send(b"")  # nothing to send: the flush closes the connection
+            self._close(stream, True)
         elif stream > self._last_id:
             raise h2.ConnectionFailure(h2.PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream}")
 
-    def _refuse_stream(self, s: _Stream, code: int) -> None:
-        self._streams.pop(s.id, None)
-        s.done = True
-        self._release(s)
-        self._send(h2.rst_stream(s.id, code))
-
     def _stream_error(self, stream: int, code: int) -> None:
-        """End ``stream`` with RST_STREAM ``code``, whether or not it is open here."""
+        """End ``stream`` with RST_STREAM ``code`` (RFC 9113 §5.4.2), whether or not it is open
+        here; the frames the client had sent on it before it sees the reset are dropped."""
+        self._spend_reset()
         s = self._streams.get(stream)
         if s is not None:
-            self._refuse_stream(s, code)
-        else:
-            self._send(h2.rst_stream(stream, code))
+            self._release(s)
+        self._close(stream, False)
+        self._send(h2.rst_stream(stream, code))
 
 
 class GrpcServer:
@@ -703,8 +862,16 @@ class GrpcServer:
         *,
         share_port: bool = False,
         tls: ssl.SSLContext | None = None,
+        request_timeout_s: float = 30.0,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        tick_s: float = 1.0,
     ) -> None:
         self.handle = handle
+        self.request_timeout_s = request_timeout_s  # a request not whole by then is answered
+        self.idle_timeout_s = idle_timeout_s
+        self.tick_s = tick_s  # how often deadlines are checked: the clock's resolution
+        self.clock = 0.0  # the loop's time, as of the last tick (cheap to read per frame)
+        self._ticker: asyncio.Task[None] | None = None
         self.tls = tls  # TLS on the port (the context offers ALPN h2), or plain h2c
         self.share_port = share_port  # intake workers share one port (SO_REUSEPORT)
         self.host = host
@@ -736,8 +903,19 @@ class GrpcServer:
         except OSError as e:
             raise OSError(e.errno, f"the gRPC server cannot listen on {address}: {e}") from e
         self.port = self._listener.sockets[0].getsockname()[1]
+        self.clock = loop.time()
+        self._ticker = loop.create_task(self._tick(), name="grpc-deadlines")
         log.info("gRPC server listening on %s:%d", self.host, self.port)
         return self.port
+
+    async def _tick(self) -> None:
+        """Move the clock on and check every connection's deadlines, each ``tick_s``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.tick_s)
+            self.clock = now = loop.time()
+            for connection in list(self.connections):
+                connection.check_deadlines(now)
 
     def start_call(self, connection: _Connection, s: _Stream, message: bytes) -> None:
         task = asyncio.get_running_loop().create_task(self._call(connection, s, message))
@@ -765,6 +943,9 @@ class GrpcServer:
             return
         self.stopping = True
         listener.close()
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
         for connection in list(self.connections):
             connection.go_away()
         if self._calls:

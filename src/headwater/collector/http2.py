@@ -56,6 +56,7 @@ FRAME_SIZE_ERROR = 0x6
 REFUSED_STREAM = 0x7
 CANCEL = 0x8
 COMPRESSION_ERROR = 0x9
+ENHANCE_YOUR_CALM = 0xB
 
 DEFAULT_WINDOW = 65_535
 MAX_WINDOW = (1 << 31) - 1
@@ -76,6 +77,30 @@ class ConnectionFailure(Exception):
     def __init__(self, code: int, reason: str) -> None:
         super().__init__(reason)
         self.code = code
+
+
+class Budget:
+    """A token bucket: ``burst`` frames at once, then ``rate`` a second. ``spend(now)`` takes a
+    token and says whether there was one (``now`` in seconds, from any monotonic clock)."""
+
+    __slots__ = ("_at", "_tokens", "burst", "rate")
+
+    def __init__(self, burst: float, rate: float) -> None:
+        self.burst = burst
+        self.rate = rate
+        self._tokens = burst
+        self._at: float | None = None
+
+    def spend(self, now: float) -> bool:
+        if self._at is not None:
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        self._tokens -= 1
+        return self._tokens >= 0
+
+    def earn(self) -> None:
+        """One token back (up to ``burst``): for work that shows the peer is in earnest."""
+        self._tokens = min(self.burst, self._tokens + 1)
 
 
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
