@@ -16,7 +16,7 @@ from hpack import Decoder, Encoder
 from headwater.collector import http2 as h2
 from headwater.collector.config import LimitsConfig
 from headwater.collector.errors import Code, Rejected, unavailable
-from headwater.collector.grpc_server import GrpcServer, length_prefixed
+from headwater.collector.grpc_server import MAX_STREAMS, GrpcServer, length_prefixed
 from headwater.collector.protocols import raccoon
 
 LIMITS = LimitsConfig()
@@ -841,3 +841,74 @@ def test_a_stream_error_resets_the_stream_and_the_connection_goes_on(
     send: Callable[[RawClient], bytes], code: int
 ) -> None:
     _reset_then_served(send, code, closed_window_update=True)
+
+
+def test_a_request_never_finished_is_answered_at_its_deadline_then_the_idle_connection_ends() -> (
+    None
+):
+    """A stream whose request never comes whole is answered DEADLINE_EXCEEDED (and reset) at
+    the request timeout; a connection that then sends nothing is closed at the idle timeout."""
+    rec = Recorder()
+
+    async def main() -> None:
+        server = GrpcServer(
+            rec, "127.0.0.1", 0, 1 << 20, request_timeout_s=0.3, idle_timeout_s=1.0, tick_s=0.05
+        )
+        await server.start()
+        client = await RawClient.connect(server.port)
+        try:
+            client.headers(1)  # and never its DATA
+            kind, flags, stream, trailers = await client.frame()
+            assert (kind, stream) == (h2.HEADERS, 1) and flags & h2.END_STREAM
+            assert b"(b'grpc-status', b'4')" in trailers and b"0.3 s" in trailers
+            assert await client.frame() == _reset(1, h2.NO_ERROR)
+            kind, _, _, payload = await client.frame()
+            assert (kind, h2.u32(payload[4:8])) == (h2.GOAWAY, h2.NO_ERROR)
+            assert b"nothing received for 1 s" in payload
+            assert await asyncio.wait_for(client.reader.read(), 10) == b""
+            assert not server.connections
+            await answered_on_a_new_channel(server.port, "fine")
+        finally:
+            await client.close()
+            await server.stop(1)
+
+    asyncio.run(main())
+    assert [raw for raw, _, _ in rec.calls] == [request("fine")]
+
+
+def test_a_client_that_never_opens_its_window_holds_bounded_answers() -> None:
+    """A client that lets the server send nothing (a stream window of 0) gets its calls handled
+    but their answers wait, up to SETTINGS_MAX_CONCURRENT_STREAMS calls: later ones are refused
+    with REFUSED_STREAM, so what waits is bounded; the idle timeout then ends the connection."""
+    rec = Recorder()
+    calls = MAX_STREAMS + 50
+
+    async def main() -> None:
+        server = GrpcServer(rec, "127.0.0.1", 0, 1 << 20, idle_timeout_s=1.0, tick_s=0.05)
+        await server.start()
+        client = await RawClient.connect(server.port, {h2.INITIAL_WINDOW_SIZE: 0})
+        try:
+            for i in range(calls):
+                client.headers(2 * i + 1)
+                client.message(2 * i + 1, request(f"w-{i}"))
+            refused, heads = set(), 0
+            while len(refused) < calls - MAX_STREAMS or heads < MAX_STREAMS:
+                kind, _, stream, payload = await client.frame()
+                if kind == h2.RST_STREAM:
+                    assert payload == h2.REFUSED_STREAM.to_bytes(4, "big")
+                    refused.add(stream)
+                else:
+                    assert kind == h2.HEADERS  # the answers' heads, never their DATA
+                    heads += 1
+            assert min(refused) == 2 * MAX_STREAMS + 1
+            [connection] = server.connections
+            waiting = sum(len(s.pending) for s in connection._streams.values())
+            assert waiting <= MAX_STREAMS * 64  # each answer a few dozen bytes
+            kind, _, _, payload = await client.frame()  # nothing sent: idle
+            assert (kind, h2.u32(payload[4:8])) == (h2.GOAWAY, h2.NO_ERROR)
+        finally:
+            await client.close()
+            await server.stop(1)
+
+    asyncio.run(main())
+    assert len(rec.calls) == MAX_STREAMS

@@ -84,6 +84,9 @@ and its variant where the client makes the server reset, CVE-2025-8671)."""
 CONTROL_BURST, CONTROL_RATE = 1000, 100.0
 """PING, SETTINGS and PRIORITY frames a connection may send at once and then per second, and
 each call it opens adds one (flood protection: each of these costs the server work, gives none)."""
+LINGER_S = 2.0
+"""How long a connection ended for an error is still read (and what it sends dropped), so that
+the client reads the GOAWAY before the connection closes."""
 IDLE_TIMEOUT_S = 300.0
 """A connection with no call in a handler that sends nothing for this long is closed (GOAWAY)."""
 
@@ -325,15 +328,21 @@ class _Connection(asyncio.Protocol):
         """End the connection with a GOAWAY naming ``failure``; ``abort`` drops what the client
         has not read instead of waiting for it to read it."""
         log.info("gRPC connection from %s closed: %s", self.peer or "?", failure)
-        if self.transport is not None:
+        transport = self.transport
+        if transport is not None:
             self._out.append(h2.goaway(self._last_id, failure.code, str(failure)))
             out, self._out = self._out, []
-            self.transport.write(b"".join(out))
+            transport.write(b"".join(out))
             if abort:
-                self.transport.abort()
+                transport.abort()
+            elif transport.can_write_eof() and self._loop is not None:
+                # A close with the client's bytes unread would reset the connection and could
+                # lose the GOAWAY: end the sending side, read on (dropping it all) a while.
+                transport.write_eof()
+                self._loop.call_later(LINGER_S, transport.close)
             else:
-                self.transport.close()
-            self.transport = None  # nothing more is written
+                transport.close()
+            self.transport = None  # nothing more is written, nothing more is read
         self._streams.clear()
         self._blocked.clear()
 
