@@ -9,8 +9,12 @@ server's per-connection state: no parsed request, HTTP parser, queue or task per
 
 ``Frames`` parses what a client sends; every protocol violation fails the connection with the
 close code RFC 6455 gives it: 1002 (protocol error: an unmasked frame, a reserved bit or opcode,
-a bad continuation, a large or fragmented control frame, a bad close frame), 1007 (text or a
-close reason that is not UTF-8) or 1009 (a message over the size limit, also once inflated).
+a length not in its shortest form, a bad continuation, a large or fragmented control frame, a
+bad close frame), 1007 (text or a close reason that is not UTF-8, a compressed message that does
+not inflate) or 1009 (a message over the size limit, also once inflated). A failed connection
+sends its close frame, shuts its sending side and drops what the client still sends until the
+client closes, so that the close frame is read rather than lost to a reset
+(``tests/collector/test_websocket_conformance.py`` holds the RFC's cases).
 Frames the server sends are never compressed (allowed under permessage-deflate: answers are small),
 so a connection keeps no compressor.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import zlib
 
 from websockets.exceptions import PayloadTooBig, ProtocolError
 from websockets.extensions.base import Extension
@@ -34,7 +39,7 @@ except ImportError:  # pragma: no cover - the wheels ship the C speedups
     from websockets.utils import apply_mask
 
 CONTINUATION, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
-PROTOCOL_ERROR, INVALID_TEXT, TOO_BIG = 1002, 1007, 1009
+PROTOCOL_ERROR, INVALID_DATA, TOO_BIG = 1002, 1007, 1009
 MAX_HEAD_BYTES = 32 * 1024  # a longer upgrade head is left to aiohttp (and its limits)
 CLOSE_TIMEOUT_S = 10.0  # how long a close waits for the client's close frame
 _DEFLATE = ServerPerMessageDeflateFactory(server_no_context_takeover=True)
@@ -139,11 +144,17 @@ class Frames:
                     break
                 (length,) = _LEN16.unpack_from(data, pos + 2)
                 head = 4
+                if length < 126:
+                    raise Failure(PROTOCOL_ERROR, "a length not in its shortest form")
             elif length == 127:
                 if n - pos < 10:
                     break
                 (length,) = _LEN64.unpack_from(data, pos + 2)
                 head = 10
+                if length >> 63:
+                    raise Failure(PROTOCOL_ERROR, "a 64-bit length with its top bit set")
+                if length < 1 << 16:
+                    raise Failure(PROTOCOL_ERROR, "a length not in its shortest form")
             self._check(b0, b1, length)
             end = pos + head + 4 + length
             if end > n:
@@ -206,7 +217,7 @@ class Frames:
             try:
                 return TEXT, payload.decode()
             except UnicodeDecodeError:
-                raise Failure(INVALID_TEXT, "a text message is not UTF-8") from None
+                raise Failure(INVALID_DATA, "a text message is not UTF-8") from None
         return BINARY, payload
 
     def _inflate(self, opcode: int, fin: bool, rsv1: bool, payload: bytes) -> bytes:
@@ -218,6 +229,8 @@ class Frames:
         except PayloadTooBig:
             raise Failure(TOO_BIG, f"a message is larger than {self._max} bytes") from None
         except ProtocolError as e:
+            if isinstance(e.__cause__, zlib.error):  # frames well formed, their data not deflate
+                raise Failure(INVALID_DATA, "a compressed message that does not inflate") from None
             raise Failure(PROTOCOL_ERROR, str(e)) from None
 
 
@@ -228,7 +241,7 @@ def _check_close(payload: bytes) -> None:
     except ProtocolError as e:
         raise Failure(PROTOCOL_ERROR, f"a bad close frame: {e}") from None
     except UnicodeDecodeError:
-        raise Failure(INVALID_TEXT, "a close reason that is not UTF-8") from None
+        raise Failure(INVALID_DATA, "a close reason that is not UTF-8") from None
 
 
 def frame(opcode: int, payload: bytes) -> bytes:
@@ -262,7 +275,15 @@ class WebSocket(asyncio.Protocol):
     """One connection after its handshake, with the methods the server calls on aiohttp's
     ``WebSocketResponse`` (``send_bytes``, ``send_str``, ``ping``, ``close``, ``closed``)."""
 
-    __slots__ = ("_closed_wait", "_drain", "_frames", "_listener", "_transport", "close_code")
+    __slots__ = (
+        "_closed_wait",
+        "_drain",
+        "_frames",
+        "_linger",
+        "_listener",
+        "_transport",
+        "close_code",
+    )
 
     def __init__(self, frames: Frames, listener: Listener) -> None:
         self._frames = frames
@@ -270,6 +291,7 @@ class WebSocket(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._drain: asyncio.Future[None] | None = None  # set while writing is paused
         self._closed_wait: asyncio.Future[None] | None = None  # a close waiting for the end
+        self._linger: asyncio.TimerHandle | None = None  # while a failed connection is drained
         self.close_code: int | None = None  # the close code sent, once sent
 
     @property
@@ -281,6 +303,8 @@ class WebSocket(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self._linger is not None:
+            return  # failed: what the client still sends is read and dropped
         try:
             received = self._frames.feed(data)
         except Failure as failure:
@@ -305,6 +329,8 @@ class WebSocket(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        if self._linger is not None:
+            self._linger.cancel()
         for waiter in (self._drain, self._closed_wait):
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
@@ -367,7 +393,23 @@ class WebSocket(asyncio.Protocol):
                 self._transport.abort()
 
     def _fail(self, failure: Failure) -> None:
-        self._end(failure.code, close_body(failure.code, failure.reason))
+        """Send the close frame with the failure's code, then end the connection so that the
+        client reads that frame: the sending side is shut at once (the client reads the close
+        frame, then the end of the stream) and what the client still sends (the rest of a message
+        over the limit, say) is read and dropped until it closes its side, or for
+        ``CLOSE_TIMEOUT_S``. Closing with bytes unread would reset the connection instead, and a
+        reset discards the close frame before the client reads it."""
+        transport = self._transport
+        if transport is None or not transport.can_write_eof():
+            self._end(failure.code, close_body(failure.code, failure.reason))
+            return
+        if self.close_code is None:
+            self.close_code = failure.code
+            self._write(frame(CLOSE, close_body(failure.code, failure.reason)))
+        transport.write_eof()
+        transport.resume_reading()
+        loop = asyncio.get_running_loop()
+        self._linger = loop.call_later(CLOSE_TIMEOUT_S, transport.abort)
 
     def _end(self, code: int, body: bytes) -> None:
         """Send a close frame (unless one was sent: this one answers it), then end the
