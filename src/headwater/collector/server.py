@@ -190,6 +190,7 @@ class CollectorServer:
                 self.grpc_port,
                 limits.max_body_bytes,
                 share_port=self.sock is not None,
+                request_timeout_s=limits.request_timeout_s,
             )
             self.grpc_port = await self._grpc.start()
         self._tasks = [
