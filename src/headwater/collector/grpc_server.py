@@ -18,13 +18,18 @@ first value of a repeated key wins.
 What the server answers with a gRPC status instead (the handler never sees these calls):
 - a message over ``max_message_bytes``: ``RESOURCE_EXHAUSTED`` naming both sizes, as soon as
   the message's length prefix arrives; the rest of it is not read;
+- a request not whole within ``request_timeout_s``: ``DEADLINE_EXCEEDED``, and reset;
 - a path other than ``/raccoon.EventService/SendEvent``: ``UNIMPLEMENTED``;
 - a ``grpc-encoding`` other than identity, gzip or deflate: ``UNIMPLEMENTED``;
 - no message, a cut-off one, or more than one: ``INTERNAL``;
 - a call still running when ``stop``'s grace ends: ``CANCELLED``.
-A content-type other than ``application/grpc...`` gets HTTP 415. A broken connection (bad frames,
-an undecodable header block) is closed with a GOAWAY naming the problem; calls it already handed
-to ``handle`` still run to the end, and only their answers are lost.
+A content-type other than ``application/grpc...`` gets HTTP 415 and a method other than POST 405,
+with a text body. These answers come once the request is whole, so the stream is checked against
+RFC 9113's states until then. A frame the protocol forbids is a stream error (RST_STREAM) or a
+connection error (GOAWAY naming the problem) as the RFC says; a client that makes the server
+reset many streams, or sends many PING, SETTINGS or PRIORITY frames, or a header block in
+endless CONTINUATION frames, is ended with ``ENHANCE_YOUR_CALM``. Calls a broken connection already
+handed to ``handle`` still run to the end, and only their answers are lost.
 
 A call's ``grpc-timeout`` is not enforced here: the client gives up on its own at its deadline,
 while the handler goes on, so an event published after the client stopped waiting is kept (the
