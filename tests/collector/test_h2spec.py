@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from headwater.collector.protocols import raccoon
-from headwater.testing.collector import CollectorProcess
+from headwater.testing.collector import collector_with_grpc
 
 H2SPEC = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "headwater/go/bin/h2spec"
 CASES = 146  # h2spec 2.2.1 with --strict: generic, RFC 7540 (now 9113) and HPACK cases
@@ -27,16 +27,8 @@ CASES = 146  # h2spec 2.2.1 with --strict: generic, RFC 7540 (now 9113) and HPAC
 
 @pytest.fixture(scope="module")
 def grpc_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    root = tmp_path_factory.mktemp("h2spec")
-    config = root / "headwater.yaml"
-    config.write_text(f"data_dir: {root / 'state'}\n")
-    process = CollectorProcess(config, root / "collector.err")
-    try:
-        process.wait_healthy()
-        line = process.wait_for_line("headwater: gRPC EventService on ")
-        yield int(line.rsplit(":", 1)[1])
-    finally:
-        process.close()
+    with collector_with_grpc(tmp_path_factory.mktemp("h2spec")) as (_, port):
+        yield port
 
 
 def run_h2spec(port: int, report: Path, *flags: str) -> list[str]:

@@ -22,22 +22,15 @@ from typing import Any
 import grpc
 import pytest
 from hpack import Encoder
+from tests.collector.test_grpc_server import GOOD_REQUEST
 
 from headwater.collector import http2 as h2
 from headwater.collector.grpc_server import RESET_BURST, length_prefixed
 from headwater.collector.protocols import raccoon
-from headwater.testing.collector import CollectorProcess
+from headwater.testing.collector import CollectorProcess, collector_with_grpc
 from headwater.testing.proc_tree import rss
 from headwater.testing.webhooks import wait_until
 
-GOOD_REQUEST = [
-    (":method", "POST"),
-    (":scheme", "http"),
-    (":path", raccoon.METHOD),
-    (":authority", "localhost"),
-    ("content-type", "application/grpc"),
-    ("te", "trailers"),
-]
 CHUNK = 64 * 1024  # the attacker writes this much at a time, reading the server's frames between
 CPU_BOUND_S = 3.0  # the collector's CPU time on one attack (all of it, the probe's calls too)
 MEMORY_BOUND = 64 << 20  # growth of its resident memory
@@ -68,15 +61,8 @@ class Target:
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     root = tmp_path_factory.mktemp("abuse")
-    config = root / "headwater.yaml"
-    config.write_text(f"data_dir: {root / 'state'}\ncollector:\n  workers: 1\n")
-    process = CollectorProcess(config, root / "collector.err")
-    try:
-        process.wait_healthy()
-        line = process.wait_for_line("headwater: gRPC EventService on ")
-        yield Target(process, int(line.rsplit(":", 1)[1]))
-    finally:
-        process.close()
+    with collector_with_grpc(root, "  workers: 1") as (process, port):
+        yield Target(process, port)
 
 
 class Probe:

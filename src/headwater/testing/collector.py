@@ -162,3 +162,20 @@ class CollectorProcess:
             self.proc.stdout.close()
         self._stderr.close()
         return code
+
+
+@contextmanager
+def collector_with_grpc(
+    root: Path, collector_yaml: str = ""
+) -> Iterator[tuple[CollectorProcess, int]]:
+    """``headwater collector`` with its data under ``root`` and ``collector_yaml`` (indented
+    lines) in its ``collector:`` section, once healthy: the process and its gRPC port."""
+    config = root / "headwater.yaml"
+    config.write_text(f"data_dir: {root / 'state'}\ncollector:\n{collector_yaml or '  {}'}\n")
+    process = CollectorProcess(config, root / "collector.err")
+    try:
+        process.wait_healthy()
+        line = process.wait_for_line("headwater: gRPC EventService on ")
+        yield process, int(line.rsplit(":", 1)[1])
+    finally:
+        process.close()
