@@ -41,16 +41,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import types
 import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import cast
 from urllib.parse import quote
 
 from headwater.collector import http2 as h2
 from headwater.collector.errors import Code, Rejected
+from headwater.collector.grpc_request import Request, parse_request, shown
 from headwater.collector.protocols import raccoon
 
 log = logging.getLogger(__name__)
@@ -129,93 +128,6 @@ def _status_block(
         + content_type
         + h2.literal(b"grpc-status", str(code).encode())
         + h2.literal(b"grpc-message", encoded)
-    )
-
-
-def _shown(value: bytes) -> str:
-    """A header value for a message: as UTF-8, its other bytes escaped (``\\xff``)."""
-    return value.decode("utf-8", "backslashreplace")
-
-
-# A request's pseudo-header fields (RFC 9113 §8.3.1), the ones every request but CONNECT carries,
-# and the fields that only mean something to an HTTP/1.1 connection (§8.2.2)
-_REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
-_REQUIRED_PSEUDO = frozenset({b":method", b":scheme", b":path"})
-_CONNECTION_SPECIFIC = frozenset(
-    {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    """What a call's header block says."""
-
-    method: bytes
-    path: bytes
-    content_type: bytes
-    encoding: bytes
-    metadata: Mapping[str, str]
-    size: int  # HPACK's measure of the list: names, values and 32 per field
-    content_length: int  # what its content-length says the DATA will add up to, or -1
-    request_problem: str  # why the block cannot open a request (RFC 9113 §8.2-8.3), or ""
-    trailers_problem: str  # why it cannot end a request as its trailers, or ""
-
-
-def parse_request(headers: h2.Headers) -> Request:
-    method = path = content_type = b""
-    encoding = b"identity"
-    metadata: dict[str, str] = {}
-    size = 0
-    content_length = -1
-    pseudo: set[bytes] = set()
-    malformed = ""
-    regular = False
-    for name, value in headers:
-        size += len(name) + len(value) + 32
-        if name[:1] == b":":
-            if malformed:
-                pass
-            elif regular:
-                malformed = f"{_shown(name)} after a regular field (RFC 9113 §8.3)"
-            elif name not in _REQUEST_PSEUDO:
-                malformed = f"the pseudo-header field {_shown(name)} (RFC 9113 §8.3)"
-            elif name in pseudo:
-                malformed = f"{_shown(name)} twice (RFC 9113 §8.3.1)"
-            elif name == b":path" and not value:
-                malformed = "an empty :path (RFC 9113 §8.3.1)"
-            pseudo.add(name)
-            if name == b":method":
-                method = value
-            elif name == b":path":
-                path = value
-            continue
-        regular = True
-        if malformed:
-            pass
-        elif name in _CONNECTION_SPECIFIC or (name == b"te" and value != b"trailers"):
-            malformed = f"the connection-specific field {_shown(name)} (RFC 9113 §8.2.2)"
-        elif name != name.lower():
-            malformed = f"the field name {_shown(name)} in upper case (RFC 9113 §8.2)"
-        if name == b"content-type":
-            content_type = value
-        elif name == b"grpc-encoding":
-            encoding = value
-        elif name == b"content-length":
-            if not value.isdigit() or content_length not in (-1, int(value)):
-                malformed = malformed or f"the content-length {_shown(value)} (RFC 9110 §8.6)"
-            else:
-                content_length = int(value)
-        elif not name.endswith(b"-bin"):
-            metadata.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
-    missing = _REQUIRED_PSEUDO - pseudo
-    if malformed or not missing or method == b"CONNECT":
-        opening = malformed
-    else:
-        opening = f"a request without {_shown(min(missing))} (RFC 9113 §8.3.1)"
-    ending = f"trailers with {_shown(min(pseudo))} (RFC 9113 §8.1)" if pseudo else malformed
-    meta = types.MappingProxyType(metadata)
-    return Request(
-        method, path, content_type, encoding, meta, size, content_length, opening, ending
     )
 
 
@@ -624,11 +536,11 @@ class _Connection(asyncio.Protocol):
         if not request.content_type.startswith(b"application/grpc"):
             return UNIMPLEMENTED, "the content-type must be application/grpc", 415
         if request.method != b"POST":
-            return UNIMPLEMENTED, f"gRPC calls are POSTs, not {_shown(request.method)}", 405
+            return UNIMPLEMENTED, f"gRPC calls are POSTs, not {shown(request.method)}", 405
         if request.path != raccoon.METHOD.encode():
-            return UNIMPLEMENTED, f"no method {_shown(request.path)}", 200
+            return UNIMPLEMENTED, f"no method {shown(request.path)}", 200
         if request.encoding not in _ENCODINGS:
-            return UNIMPLEMENTED, f"the compression {_shown(request.encoding)} is unknown", 200
+            return UNIMPLEMENTED, f"the compression {shown(request.encoding)} is unknown", 200
         if request.size > MAX_HEADER_LIST:
             return (
                 RESOURCE_EXHAUSTED,
