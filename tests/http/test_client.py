@@ -33,8 +33,8 @@ async def serve(answer: Answer, close_after: bool = False) -> tuple[asyncio.Serv
                     await asyncio.sleep(3600)
                 writer.write(out or b"")
                 await writer.drain()
-                if close_after:
-                    break
+                if close_after or (out or b"").startswith(b"HTTP/1.0"):
+                    break  # an HTTP/1.0 answer without a length ends at the close
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:

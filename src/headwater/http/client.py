@@ -3,12 +3,40 @@ polls and callbacks. Measured in ``bench/webhooks.py``: aiohttp's client took ab
 webhook workers' event loop for two requests per message, most of it in its request machinery
 (tracing hooks, cookie jars, redirects, per-request objects) that these requests never use.
 
-What it does: keep-alive connections pooled per ``(scheme, host, port)`` (reused newest first;
-one whose peer has closed it is dropped before use), TLS for ``https`` (the system's
-certificates, the host name checked), bodies sent with ``Content-Length``, answers read by
-``Content-Length``, ``chunked`` or up to the close, a whole-exchange timeout (``TimeoutError``),
-and every other failure as ``HttpError`` (an ``OSError``: the connection is closed, never
-reused). What it does not: redirects, cookies, proxies, compression of answers (it asks for none).
+What it does: keep-alive connections pooled per ``(scheme, host, port)`` (reused newest first),
+TLS for ``https`` (the system's certificates unless an ``ssl_context`` is given, the host name
+checked), bodies sent with ``Content-Length``, answers read by ``Content-Length``, ``chunked`` or
+up to the close. What it does not: redirects, cookies, proxies, compression of answers (it asks
+for none), transfer codings other than ``chunked``, protocol upgrades.
+
+Failures: ``timeout`` bounds the whole exchange (connecting, the TLS handshake, writing, every
+byte of the answer; a server that sends one byte a second is ended by it, not by a per-read
+limit) and ends in ``TimeoutError``. Every other failure is an ``HttpError`` (an ``OSError``)
+whose message starts with the method and origin; its connection is closed, never reused.
+
+Bounds on what one answer can make it hold: a head (status line and header section, of each 1xx
+answer too) of at most ``MAX_HEAD_BYTES``, and a chunk-size line or trailer section likewise; at
+most ``MAX_INTERIM`` 1xx answers before the final one (they are skipped; ``101`` is an error, as
+the client asks for no upgrade); a body of at most ``max_body_bytes`` (``MAX_BODY_BYTES`` by
+default), refused before reading when ``Content-Length`` or a chunk's size says more. Answers are
+checked as RFC 9112 asks: a status line that is not ``HTTP/1.x NNN``, a header line without a
+colon or with an invalid name, Content-Length values that disagree or are not digits, transfer
+codings other than ``chunked``, and a chunk-size line that is not hex digits (or a chunk not
+followed by CRLF) are errors. An answer with both ``Transfer-Encoding: chunked`` and
+``Content-Length`` is read as chunked and its connection then closed (RFC 9112 6.3). Answers to
+``HEAD`` and ``204``/``304`` answers have no body, whatever their headers say.
+
+Retries (RFC 9112 9.3.1, RFC 9110 9.2.2). A pooled connection whose end the client has already
+seen (the server closed it while idle) is dropped before anything is written to it, and the
+request goes on another connection: nothing was sent, so this holds for every method. A request
+written to a reused connection that then ends (closed or reset) before a single byte of an answer
+arrives may or may not have reached the server: a server closing an idle connection as the
+request crosses looks the same as one that took the request and died. Such a request is sent
+again, once, on a new connection, only when repeating it is safe: its method is idempotent
+(``GET``, ``HEAD``, ``OPTIONS``, ``TRACE``, ``PUT``, ``DELETE``) or it carries an
+``Idempotency-Key`` header (HTTP delivery's requests do; the receiver drops a repeat). Any
+other request fails with ``HttpError`` ("... before an answer") and its caller decides. Nothing
+is retried after a new connection fails, after any byte of an answer, or on a timeout.
 """
 
 from __future__ import annotations
@@ -19,13 +47,26 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from headwater.http.framing import (
+    MAX_INTERIM,
+    Body,
+    HttpError,
+    chunk_size,
+    framing,
+    parse_head,
+)
+
+__all__ = ["MAX_BODY_BYTES", "MAX_HEAD_BYTES", "HttpClient", "HttpError", "Response"]
+
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
-_NO_BODY = frozenset({204, 304})
+_READ_BYTES = 64 * 1024
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+Origin = tuple[str, str, int]
 
 
-class HttpError(OSError):
-    """The exchange failed: no (complete) answer."""
+class _Unanswered(HttpError):
+    """The connection ended before any byte of an answer."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +80,7 @@ class Response:
 class _Connection:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
+    reused: bool = False
 
     def usable(self) -> bool:
         return not self.reader.at_eof() and not self.writer.is_closing()
@@ -52,13 +94,19 @@ class HttpClient:
         self,
         user_agent: str = "headwater",
         before: Callable[[], Awaitable[None]] | None = None,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         """``before``: awaited before each request is sent (the webhook workers commit their
-        state's changes there: a request is never sent ahead of what it depends on)."""
+        state's changes there: a request is never sent ahead of what it depends on).
+        ``ssl_context``: the certificates trusted for ``https`` (default: the system's).
+        ``max_body_bytes``: the largest answer body accepted."""
         self.user_agent = user_agent
         self.before = before
-        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
-        self._ssl: ssl.SSLContext | None = None
+        self.max_body_bytes = max_body_bytes
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self._ssl = ssl_context
         self._closed = False
 
     async def request(
@@ -82,37 +130,68 @@ class HttpClient:
         if body is not None or method in ("POST", "PUT", "PATCH"):
             head.append(f"Content-Length: {len(body or b'')}")
         payload = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (body or b"")
+        repeatable = method in IDEMPOTENT or any(
+            k.lower() == "idempotency-key" for k in headers or {}
+        )
         if self.before is not None:
             await self.before()
-        async with asyncio.timeout(timeout):
-            conn = await self._connection(origin)
-            try:
-                conn.writer.write(payload)
-                response, keep = await _read_response(conn.reader, method)
-            except BaseException:
-                conn.close()
-                raise
+        try:
+            async with asyncio.timeout(timeout):
+                conn = await self._connection(origin)
+                try:
+                    response, keep = await self._exchange(conn, payload, method)
+                except _Unanswered:
+                    if not (conn.reused and repeatable):
+                        raise
+                    conn = await self._connect(origin)
+                    response, keep = await self._exchange(conn, payload, method)
+        except HttpError as e:
+            raise HttpError(f"{method} {parts.scheme}://{host}: {e}") from None
         if keep and not self._closed:
             self._idle.setdefault(origin, []).append(conn)
         else:
             conn.close()
         return response
 
-    async def _connection(self, origin: tuple[str, str, int]) -> _Connection:
+    async def _exchange(
+        self, conn: _Connection, payload: bytes, method: str
+    ) -> tuple[Response, bool]:
+        try:
+            conn.writer.write(payload)
+            return await _read_response(conn.reader, method, self.max_body_bytes)
+        except BaseException:
+            conn.close()
+            raise
+
+    async def _connection(self, origin: Origin) -> _Connection:
         idle = self._idle.get(origin)
         while idle:
             conn = idle.pop()
             if conn.usable():
+                conn.reused = True
                 return conn
             conn.close()
+        return await self._connect(origin)
+
+    async def _connect(self, origin: Origin) -> _Connection:
         scheme, host, port = origin
-        context = self._tls() if scheme == "https" else None
         try:
-            reader, writer = await asyncio.open_connection(
-                host, port, ssl=context, limit=MAX_HEAD_BYTES
-            )
+            reader, writer = await asyncio.open_connection(host, port, limit=MAX_HEAD_BYTES)
         except OSError as e:
             raise HttpError(f"cannot connect to {host}:{port}: {e}") from None
+        if scheme == "https":
+            try:
+                await writer.start_tls(self._tls(), server_hostname=host)
+            except ssl.SSLCertVerificationError as e:
+                writer.close()
+                raise HttpError(
+                    f"TLS with {host}:{port}: the server's certificate is not accepted: "
+                    f"{e.verify_message}"
+                ) from None
+            except (OSError, EOFError) as e:  # ssl.SSLError is an OSError
+                writer.close()
+                reason = str(e) or type(e).__name__
+                raise HttpError(f"TLS handshake with {host}:{port} failed: {reason}") from None
         return _Connection(reader, writer)
 
     def _tls(self) -> ssl.SSLContext:
@@ -134,56 +213,77 @@ class HttpClient:
         await self.close()
 
 
-async def _read_response(reader: asyncio.StreamReader, method: str) -> tuple[Response, bool]:
-    """The answer, and whether the connection may be used again."""
+async def _read_response(
+    reader: asyncio.StreamReader, method: str, max_body: int
+) -> tuple[Response, bool]:
+    """The final answer, and whether the connection may be used again."""
     try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError:
-        raise HttpError("the connection closed before an answer") from None
-    except asyncio.LimitOverrunError:
-        raise HttpError(f"the answer's head is over {MAX_HEAD_BYTES} bytes") from None
-    lines = head.decode("latin-1").split("\r\n")
-    try:
-        version, code = lines[0].split(" ", 2)[:2]
-        status = int(code)
-    except ValueError:
-        raise HttpError(f"not an HTTP answer: {lines[0][:80]!r}") from None
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if line:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-    keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-    try:
-        if method == "HEAD" or status in _NO_BODY or 100 <= status < 200:
-            body = b""
-        elif headers.get("transfer-encoding", "").lower() == "chunked":
-            body = await _chunked(reader)
-        elif "content-length" in headers:
-            length = int(headers["content-length"])
-            if length > MAX_BODY_BYTES:
-                raise HttpError(f"the answer's body is {length} bytes, over {MAX_BODY_BYTES}")
-            body = await reader.readexactly(length)
+        head = parse_head(await _first_head(reader))
+        for _ in range(MAX_INTERIM):
+            if head.status >= 200:
+                break
+            if head.status == 101:
+                raise HttpError("101 Switching Protocols to a request that asked for no upgrade")
+            head = parse_head(await _line(reader, b"\r\n\r\n", "head"))
         else:
-            body = await reader.read(MAX_BODY_BYTES)  # up to the close
-            keep = False
+            raise HttpError(f"more than {MAX_INTERIM} 1xx answers before the final one")
+        frame = framing(head, method, max_body)
+        if frame.body is Body.NONE:
+            body = b""
+        elif frame.body is Body.LENGTH:
+            body = await reader.readexactly(frame.length)
+        elif frame.body is Body.CHUNKED:
+            body = await _chunked(reader, max_body)
+        else:
+            body = await _to_the_close(reader, max_body)
     except asyncio.IncompleteReadError:
         raise HttpError("the connection closed in the middle of the answer") from None
-    except ValueError:
-        raise HttpError("the answer's body framing is not valid") from None
-    return Response(status, headers, body), keep
+    except (ConnectionError, ssl.SSLError) as e:
+        raise HttpError(f"the connection failed in the middle of the answer: {e}") from None
+    return Response(head.status, head.last(), body), frame.keep
 
 
-async def _chunked(reader: asyncio.StreamReader) -> bytes:
+async def _first_head(reader: asyncio.StreamReader) -> bytes:
+    try:
+        return await _line(reader, b"\r\n\r\n", "head")
+    except asyncio.IncompleteReadError as e:
+        if e.partial:
+            raise
+        raise _Unanswered("the connection closed before an answer") from None
+    except ConnectionError as e:
+        raise _Unanswered(f"the connection was reset before an answer: {e}") from None
+
+
+async def _line(reader: asyncio.StreamReader, end: bytes, what: str) -> bytes:
+    try:
+        return await reader.readuntil(end)
+    except asyncio.LimitOverrunError:
+        raise HttpError(f"the answer's {what} is over {MAX_HEAD_BYTES} bytes") from None
+
+
+async def _chunked(reader: asyncio.StreamReader, max_body: int) -> bytes:
     out = bytearray()
     while True:
-        size_line = await reader.readuntil(b"\r\n")
-        size = int(size_line.split(b";", 1)[0].strip(), 16)
+        size = chunk_size(await _line(reader, b"\r\n", "chunk size line"))
         if size == 0:
-            while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
-                pass
-            return bytes(out)
-        if len(out) + size > MAX_BODY_BYTES:
-            raise HttpError(f"the answer's body is over {MAX_BODY_BYTES} bytes")
+            break
+        if len(out) + size > max_body:
+            raise HttpError(f"the answer's body is over {max_body} bytes")
         out += await reader.readexactly(size)
-        await reader.readexactly(2)
+        if await reader.readexactly(2) != b"\r\n":
+            raise HttpError("a chunk's data is not followed by CRLF")
+    trailers = 0
+    while (line := await _line(reader, b"\r\n", "trailer section")) != b"\r\n":
+        trailers += len(line)
+        if trailers > MAX_HEAD_BYTES:
+            raise HttpError(f"the answer's trailer section is over {MAX_HEAD_BYTES} bytes")
+    return bytes(out)
+
+
+async def _to_the_close(reader: asyncio.StreamReader, max_body: int) -> bytes:
+    out = bytearray()
+    while data := await reader.read(_READ_BYTES):
+        if len(out) + len(data) > max_body:
+            raise HttpError(f"the answer's body is over {max_body} bytes")
+        out += data
+    return bytes(out)
