@@ -178,20 +178,20 @@ class HttpClient:
         try:
             reader, writer = await asyncio.open_connection(host, port, limit=MAX_HEAD_BYTES)
         except OSError as e:
-            raise HttpError(f"cannot connect to {host}:{port}: {e}") from None
+            raise HttpError(f"cannot connect: {e}") from None
         if scheme == "https":
             try:
                 await writer.start_tls(self._tls(), server_hostname=host)
             except ssl.SSLCertVerificationError as e:
                 writer.close()
+                reason = e.verify_message
                 raise HttpError(
-                    f"TLS with {host}:{port}: the server's certificate is not accepted: "
-                    f"{e.verify_message}"
+                    f"TLS: the server's certificate is not accepted: {reason}"
                 ) from None
             except (OSError, EOFError) as e:  # ssl.SSLError is an OSError
                 writer.close()
                 reason = str(e) or type(e).__name__
-                raise HttpError(f"TLS handshake with {host}:{port} failed: {reason}") from None
+                raise HttpError(f"TLS handshake failed: {reason}") from None
         return _Connection(reader, writer)
 
     def _tls(self) -> ssl.SSLContext:
