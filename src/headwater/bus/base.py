@@ -3,7 +3,8 @@
 Offsets committed for a group follow Kafka's meaning: the offset of the *next* record to read.
 ``append`` returns a future that resolves once the batch is durable under the backend's policy
 (the embedded log's durability setting; ``acks=all`` on Kafka), with one ``Position`` per message
-in the order given.
+in the order given. When the backend's write queue is full, ``append`` and ``append_many`` raise
+``QueueFull`` having queued nothing; ``headwater.bus.waiting`` appends waiting for room instead.
 
 Rules every backend keeps (the contract suite in ``tests/bus/test_contract.py`` checks them):
 
@@ -25,6 +26,7 @@ from operator import attrgetter
 from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar, Self
 
+from headwater.bus.errors import QueueFull
 from headwater.bus.records import (
     CompactionResult,
     Message,
@@ -113,6 +115,13 @@ class Bus(Closing):
         """Append one batch per topic, all validated before any is appended. The embedded log
         also queues them all or none, so a full queue never stores part of them."""
         return [self.append(topic, messages) for topic, messages in batches.items()]
+
+    def wait_for_room(self, refused: QueueFull, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until the write queue that refused an append with
+        ``refused`` could take it; whether it could. Use ``headwater.bus.waiting`` rather than
+        calling this. This default flushes (a queue frees as what it holds is made durable)."""
+        self.flush(timeout)
+        return True
 
     @abstractmethod
     def flush(self, timeout: float | None = None) -> None:

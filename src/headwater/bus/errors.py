@@ -59,3 +59,15 @@ class BusUnavailable(TransientError):
     """The bus cannot take the append now (I/O error, broker down, queue full)."""
 
     code = "HW-BUS-100"
+
+
+class QueueFull(BusUnavailable):
+    """The backend's write queue cannot take the append now; nothing of it was queued.
+    ``needed`` is what the append asks of the queue in the backend's unit (bytes on the
+    embedded log, messages on Kafka's producer). ``headwater.bus.waiting`` waits for room."""
+
+    code = "HW-BUS-101"
+
+    def __init__(self, message: str, needed: int) -> None:
+        super().__init__(message)
+        self.needed = needed

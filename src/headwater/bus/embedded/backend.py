@@ -32,6 +32,7 @@ from headwater.bus.embedded.writer import Done, LogWriter, Parts
 from headwater.bus.errors import (
     BusClosed,
     InvalidArgument,
+    QueueFull,
     UnknownPartition,
     UnknownTopic,
 )
@@ -278,6 +279,10 @@ class EmbeddedBus(Bus):
             (parts[p], fmt.encode([messages[i] for i in idx], stamp), gather.part(k))
             for k, (p, idx) in enumerate(runs)
         ]
+
+    def wait_for_room(self, refused: QueueFull, timeout: float) -> bool:
+        self._check_open()
+        return self._writer.wait_for_room(refused.needed, timeout)
 
     def flush(self, timeout: float | None = None) -> None:
         self._check_open()

@@ -12,8 +12,8 @@ Concurrent appenders so share both the write and the fdatasync.
 
 ``interval`` durability fdatasyncs dirty partitions every ``flush_interval_ms`` and tells appenders
 once their batch is written; ``never`` leaves flushing to the OS. Queued bytes are bounded: past
-``max_pending_bytes`` an append is refused with ``BusUnavailable`` (backpressure), never buffered
-without limit.
+``max_pending_bytes`` an append is refused with ``QueueFull`` (backpressure), never buffered
+without limit; ``wait_for_room`` waits until the writer has taken enough of the queue for it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Literal, NamedTuple
 
 from headwater.bus.embedded import format as fmt
 from headwater.bus.embedded.partition import Partition
-from headwater.bus.errors import BusClosed, BusUnavailable
+from headwater.bus.errors import BusClosed, BusUnavailable, QueueFull
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,9 @@ class LogWriter:
         self._interval = interval_s
         self._max_pending = max_pending_bytes
         self._on_visible = on_visible
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._room = threading.Condition(lock)  # told when the writer takes the queue
         self._queue: list[tuple[Partition, fmt.EncodedBatch, Done]] = []
         self._pending_bytes = 0
         self._dirty: set[Partition] = set()
@@ -162,14 +164,29 @@ class LogWriter:
                 raise BusClosed("the log is closing")
             if self._failure is not None:
                 raise BusUnavailable(f"the log cannot write: {self._failure}")
-            if self._pending_bytes and self._pending_bytes + size > self._max_pending:
-                raise BusUnavailable(
+            if not self._fits(size):
+                raise QueueFull(
                     f"the log's write queue is full ({self._pending_bytes} bytes queued, "
-                    f"limit {self._max_pending}); retry shortly"
+                    f"limit {self._max_pending}); retry shortly",
+                    size,
                 )
             self._queue += items
             self._pending_bytes += size
             self._cond.notify()
+
+    def _fits(self, size: int) -> bool:
+        """Whether ``size`` more bytes may be queued now (one append always fits an empty
+        queue, whatever its size). Called holding the lock."""
+        return not self._pending_bytes or self._pending_bytes + size <= self._max_pending
+
+    def wait_for_room(self, size: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until ``size`` bytes fit in the queue (or the log
+        closes or fails, which the next ``submit`` reports); whether they fit."""
+        with self._room:
+            self._room.wait_for(
+                lambda: self._fits(size) or self._closing or self._failure is not None, timeout
+            )
+            return self._fits(size)
 
     def _run(self) -> None:
         next_sync = time.monotonic() + self._interval
@@ -187,6 +204,8 @@ class LogWriter:
                 size, self._pending_bytes = self._pending_bytes, 0
                 closing = self._closing
                 self._busy = True
+                if queue:
+                    self._room.notify_all()
             try:
                 self._write(queue, size)
             except BaseException as e:  # a bug, not I/O: fail loudly, never hang appenders
@@ -251,6 +270,7 @@ class LogWriter:
         on, and each of ``dones`` is told so (one already told is passed over)."""
         with self._cond:
             self._failure = error
+            self._room.notify_all()
         failure = BusUnavailable(f"the log cannot {doing}: {error}")
         for done in dones:
             try:
@@ -283,6 +303,7 @@ class LogWriter:
                 log.exception("the log syncer failed")
                 with self._cond:
                     self._failure = e  # (refused from now on, before the round is told)
+                    self._room.notify_all()
                 failure = e
             with self._sync_cond:
                 here = failure is None and self._to_sync_bytes < HANDOFF_BYTES and self._untold == 1
@@ -332,6 +353,7 @@ class LogWriter:
                 errors[p] = BusUnavailable(f"could not make {p.topic}/{p.index} durable: {e}")
                 with self._cond:
                     self._failure = errors[p]
+                    self._room.notify_all()
         return errors
 
     def wait_idle(self, timeout: float | None = None) -> bool:
@@ -347,6 +369,7 @@ class LogWriter:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+            self._room.notify_all()
         self._thread.join()
         with self._sync_cond:
             self._syncer_stop = True

@@ -21,6 +21,7 @@ from headwater.bus.errors import (
     BusUnavailable,
     InvalidArgument,
     OffsetOutOfRange,
+    QueueFull,
     TopicExists,
     UnknownPartition,
     UnknownTopic,
@@ -37,7 +38,7 @@ from headwater.bus.kafka.client import (
 from headwater.bus.kafka.config import KafkaBusConfig
 from headwater.bus.kafka.consumer import PARTITION_EOF, KafkaConsumer, record_size, to_record
 from headwater.bus.kafka.errors import classify
-from headwater.bus.kafka.producer import DeliveryProducer
+from headwater.bus.kafka.producer import DeliveryProducer, Send
 from headwater.bus.names import check_topic_name
 from headwater.bus.partitioner import Partitioner
 from headwater.bus.records import CompactionResult, Message, Position, Record, TopicInfo
@@ -128,12 +129,25 @@ class KafkaBus(Bus):
 
     # -- writing --------------------------------------------------------------------------
     def append(self, topic: str, messages: Sequence[Message]) -> Future[Sequence[Position]]:
+        return self.append_many({topic: messages})[0]
+
+    def append_many(
+        self, batches: Mapping[str, Sequence[Message]]
+    ) -> list[Future[Sequence[Position]]]:
+        """Validate every batch, then hand them all to the producer, or none when its queue
+        cannot take them all (``QueueFull``)."""
         self._check_writable()
-        check_topic_name(topic)
-        validate_batch(topic, messages, self._config.max_record_bytes)
-        partitions = self._partition_count(topic, create=self._config.auto_create_topics)
-        groups = self._partitioner.split(topic, partitions, messages)
-        return self._delivery().send(topic, messages, groups)
+        for topic, messages in batches.items():
+            check_topic_name(topic)
+            validate_batch(topic, messages, self._config.max_record_bytes)
+        sends: list[Send] = []
+        for topic, messages in batches.items():
+            partitions = self._partition_count(topic, create=self._config.auto_create_topics)
+            sends.append((topic, messages, self._partitioner.split(topic, partitions, messages)))
+        return self._delivery().send_all(sends)
+
+    def wait_for_room(self, refused: QueueFull, timeout: float) -> bool:
+        return self._delivery().wait_for_room(refused.needed, timeout)
 
     def flush(self, timeout: float | None = None) -> None:
         self._check_open()

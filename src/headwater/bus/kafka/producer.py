@@ -11,12 +11,16 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from headwater.bus.errors import BusUnavailable
+from headwater.bus.errors import BusUnavailable, QueueFull
 from headwater.bus.kafka.client import load_kafka
 from headwater.bus.kafka.errors import classify
 from headwater.bus.records import Message, Position
 
 _POLL_INTERVAL_S = 0.1
+_MAX_QUEUED = 100_000  # librdkafka's default queue.buffering.max.messages
+
+#: One batch for ``send_all``: its topic, its messages and their indexes by partition.
+Send = tuple[str, Sequence[Message], Mapping[int, list[int]]]
 _log = logging.getLogger(__name__)
 
 
@@ -63,12 +67,41 @@ class DeliveryProducer:
         kafka = load_kafka()
         self.fatal_error: Any = None
         self._producer = kafka.Producer({**settings, "error_cb": self._on_error})
+        self._max_queued = int(settings.get("queue.buffering.max.messages", _MAX_QUEUED))
         self._queue_timeout_s = queue_timeout_s
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._serve, name="headwater-kafka-delivery", daemon=True
         )
         self._thread.start()
+
+    def send_all(self, sends: Sequence[Send]) -> list[Future[Sequence[Position]]]:
+        """Produce every ``(topic, messages, partitions)``, or raise ``QueueFull`` having
+        produced none when the queue holds too many messages to take them all (an empty queue
+        takes any number: librdkafka's own limit then makes them wait for room in turn)."""
+        needed = sum(len(messages) for _, messages, _ in sends)
+        if not self._fits(needed):
+            raise QueueFull(
+                f"the Kafka producer's queue holds {len(self._producer)} messages (limit "
+                f"{self._max_queued}: queue.buffering.max.messages); retry shortly",
+                needed,
+            )
+        return [self.send(topic, messages, partitions) for topic, messages, partitions in sends]
+
+    def _fits(self, needed: int) -> bool:
+        queued = len(self._producer)
+        return not queued or queued + needed <= self._max_queued
+
+    def wait_for_room(self, needed: int, timeout: float) -> bool:
+        """Serve delivery reports (what frees the queue) until ``needed`` messages fit, at
+        most ``timeout`` seconds; whether they fit."""
+        deadline = time.monotonic() + timeout
+        while not self._fits(needed):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._producer.poll(min(remaining, _POLL_INTERVAL_S))
+        return True
 
     def send(
         self, topic: str, messages: Sequence[Message], partitions: Mapping[int, list[int]]
