@@ -211,7 +211,7 @@ def test_idle_connections_hold_no_task_and_a_reused_connection_can_upgrade(
             after = tasks()
             for ws in sockets:
                 await ws.close()
-            # an upgrade as the second request of a kept-alive connection (served by aiohttp)
+            # an upgrade as the second request of a kept-alive connection (taken from aiohttp)
             reader, writer = await asyncio.open_connection("127.0.0.1", server.server.port)
             writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             health = await read_response(reader, 10)

@@ -7,7 +7,10 @@ ping's payload, or the message taken (a Raccoon request answered, naming its ``r
 cases follow the groups of Autobahn|Testsuite, the reference suite for WebSocket servers:
 framing and masking (its 1.x), pings and pongs (2.x), reserved bits (3.x), opcodes (4.x),
 fragmentation (5.x), UTF-8 (6.x), closing (7.x), limits (9.x) and permessage-deflate (12.x and
-13.x; here also with a real client, the ``websockets`` library with compression on).
+13.x; here also with a real client, the ``websockets`` library with compression on). The table
+runs over both ways a connection becomes a WebSocket: an upgrade as its first request (taken
+before aiohttp parses anything) and an upgrade after a GET on the same kept-alive connection
+(parsed by aiohttp, then handed to the same code).
 
 Autobahn|Testsuite itself does not run here. ``pip download autobahntestsuite`` fetches 25.10.1,
 but that release is Python 2.7 only (it pins Twisted 19.10.0 and autobahn 0.10.9, and its modules
@@ -48,6 +51,7 @@ from headwater.testing.clients import (
     OP_PING,
     OP_PONG,
     OP_TEXT,
+    HandshakeFailed,
     RawWebSocket,
     apply_mask,
     encode_frame,
@@ -55,6 +59,7 @@ from headwater.testing.clients import (
     raccoon_response,
 )
 from headwater.testing.collector import RunningCollector, running_collector
+from headwater.testing.webhooks import wait_until
 
 LIMIT = 256 * 1024  # collector.limits.max_frame_bytes of the server under test
 USER = {"X-User-ID": "conformance"}
@@ -63,6 +68,13 @@ DEADLINE_S = 10.0
 TOPIC = "clickstream-conformance-log"
 
 Reply = tuple[str, Any]  # ("ok" | "error", req_guid), ("pong", payload) or ("close", code)
+
+
+@pytest.fixture(params=[None, "/healthz"], ids=["first-request", "after-a-get"])
+def after_get(request: pytest.FixtureRequest) -> str | None:
+    """How the connection is upgraded: as its first request (taken before aiohttp parses it), or
+    after a GET on the same kept-alive connection (parsed by aiohttp, then taken from it)."""
+    return request.param  # type: ignore[no-any-return]
 
 
 @pytest.fixture
@@ -192,11 +204,13 @@ async def next_reply(ws: RawWebSocket) -> Reply | None:
         return ("ok" if status == raccoon.Status.SUCCESS else "error", guid)
 
 
-async def converse(port: int, conformance: Case) -> tuple[list[list[Reply]], bool]:
+async def converse(
+    port: int, conformance: Case, after_get: str | None
+) -> tuple[list[list[Reply]], bool]:
     """Play the case's steps; unless the server closed, close with 1000 (its echo is the last
     reply). Returns the replies of each step and whether the TCP connection then ended."""
     ws = await RawWebSocket.connect(
-        "127.0.0.1", port, headers=DEFLATE if conformance.deflate else USER
+        "127.0.0.1", port, headers=DEFLATE if conformance.deflate else USER, after_get=after_get
     )
     transcript: list[list[Reply]] = []
     try:
@@ -486,12 +500,84 @@ THE_TABLE = [
 
 
 @pytest.mark.parametrize("conformance", THE_TABLE)
-def test_rfc6455(server: RunningCollector, conformance: Case) -> None:
-    transcript, ended = asyncio.run(converse(server.server.port, conformance))
+def test_rfc6455(server: RunningCollector, conformance: Case, after_get: str | None) -> None:
+    transcript, ended = asyncio.run(converse(server.server.port, conformance, after_get))
     assert [sorted(r, key=repr) for r in transcript] == [
         sorted(r, key=repr) for r in expected(conformance)
     ]
     assert ended  # after the close frame, the TCP connection ends, with nothing else sent
+
+
+# -- the handshake ----------------------------------------------------------------------------
+def test_frames_sent_with_the_handshake_are_taken(
+    server: RunningCollector, after_get: str | None
+) -> None:
+    """A client may write its first frames right behind the handshake, before the 101 (and a
+    frame cut there): the bytes that came with the head are the WebSocket's."""
+    second = frame(OP_BINARY, binary("early-2"))
+
+    async def scenario() -> list[Reply | None]:
+        ws = await RawWebSocket.connect(
+            "127.0.0.1",
+            server.server.port,
+            headers=USER,
+            after_get=after_get,
+            early=frame(OP_BINARY, binary("early-1")) + frame(OP_PING, b"early") + second[:7],
+        )
+        try:
+            ws.send_raw(second[7:])
+            await ws.drain()
+            return [await next_reply(ws) for _ in range(3)]
+        finally:
+            await ws.close()
+
+    replies = asyncio.run(scenario())
+    assert sorted(replies, key=repr) == sorted(
+        [ok("early-1"), pong(b"early"), ok("early-2")], key=repr
+    )
+
+
+@pytest.mark.parametrize(
+    "header", ["Sec-WebSocket-Version", "Sec-WebSocket-Key"], ids=["two versions", "two keys"]
+)
+def test_a_bad_handshake_is_refused_with_its_reason(
+    server: RunningCollector, after_get: str | None, header: str
+) -> None:
+    async def scenario() -> Any:
+        with pytest.raises(HandshakeFailed) as caught:
+            await RawWebSocket.connect(
+                "127.0.0.1", server.server.port, headers={**USER, header: "13"}, after_get=after_get
+            )
+        return caught.value.response
+
+    response = asyncio.run(scenario())
+    assert response is not None and response.status == 400
+    assert header.encode() in response.body  # the handshake's reason, named
+    assert response.headers["connection"] == "close"
+
+
+def test_aiohttp_lets_go_of_a_connection_it_hands_over(server: RunningCollector) -> None:
+    """After the upgrade on a kept-alive connection, aiohttp's server holds nothing of it (no
+    handler that its keep-alive timer or its shutdown would close), and the WebSocket goes on."""
+    aiohttp_server = server.server._runner.server  # type: ignore[union-attr]
+    assert aiohttp_server is not None
+
+    async def scenario() -> list[Reply | None]:
+        ws = await RawWebSocket.connect(
+            "127.0.0.1", server.server.port, headers=USER, after_get="/healthz"
+        )
+        try:
+            ws.send_raw(frame(OP_BINARY, binary("handed-1")))
+            first = await next_reply(ws)
+            await asyncio.to_thread(
+                wait_until, lambda: not aiohttp_server.connections, "aiohttp lets go", DEADLINE_S
+            )
+            ws.send_raw(frame(OP_BINARY, binary("handed-2")))
+            return [first, await next_reply(ws)]
+        finally:
+            await ws.close()
+
+    assert asyncio.run(scenario()) == [ok("handed-1"), ok("handed-2")]
 
 
 # -- permessage-deflate from a real client ----------------------------------------------------

@@ -1,9 +1,12 @@
-"""The collector's servers: HTTP on aiohttp, WebSocket on the collector's own protocol (and on
-aiohttp for an upgrade that is not its connection's first request), and gRPC on its own port.
+"""The collector's servers: HTTP on aiohttp, WebSocket on the collector's own protocol, and
+gRPC on its own port.
 
 aiohttp was chosen by measurement (``docs/server-stack.md``). A connection whose first request
 is a WebSocket upgrade is taken before aiohttp sees it (``collector.websocket``): an idle
-WebSocket then holds no parsed request, parser, queue or task.
+WebSocket then holds no parsed request, parser, queue or task. An upgrade that aiohttp parses
+(a later request on a kept-alive connection) is checked by the same handshake and taken from
+aiohttp's handler, with the bytes its parser held after the head: every WebSocket connection
+is served by the one implementation.
 
 WebSocket connections are kept alive by one task for all of them: every ``ping_interval_s`` it
 pings each connection and closes those that have sent nothing (not even a pong) for
@@ -25,7 +28,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
+from aiohttp import WSCloseCode, web
+from websockets.http11 import Response
 
 from headwater.collector import websocket
 from headwater.collector.deadline import TIMEOUT_RESPONSE, HeadDeadline
@@ -53,16 +57,55 @@ SHUTTING_DOWN = _unavailable(b"the collector is shutting down\n")
 NOT_ADMITTED = _unavailable(b"the collector could not admit this connection; retry shortly\n")
 
 
+def _request_head(request: web.BaseRequest) -> bytes:
+    """A request's head as the client sent it (near enough for the handshake's checks)."""
+    version = request.version
+    lines = [
+        b"%s %s HTTP/%d.%d"
+        % (request.method.encode(), request.raw_path.encode(errors="surrogateescape"), *version),
+        *(name + b": " + value for name, value in request.raw_headers),
+    ]
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def _refusal(answer: Response | None) -> web.Response:
+    """A handshake refused (``websocket.handshake``'s response, or None for a request that is
+    not one), answered by aiohttp; the connection then closes."""
+    if answer is None:
+        resp = web.Response(status=400, text="not a WebSocket handshake\n")
+    else:
+        kept = {k: v for k, v in answer.headers.raw_items() if k.lower() not in _SET_BY_AIOHTTP}
+        resp = web.Response(
+            status=answer.status_code, reason=answer.reason_phrase, body=answer.body, headers=kept
+        )
+    resp.force_close()
+    return resp
+
+
+_SET_BY_AIOHTTP = {"connection", "content-length", "date"}
+
+
+class _Detached(web.StreamResponse):
+    """What the handler of an upgrade it took returns: the connection is no longer aiohttp's,
+    so nothing is written and nothing closed."""
+
+    async def prepare(self, request: web.BaseRequest) -> None:
+        return None
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        return None
+
+
 class _Socket(websocket.Listener):
-    """A WebSocket connection's server-side state; ``ws`` is the collector's own
-    ``websocket.WebSocket`` or, for an upgrade on a reused connection, aiohttp's."""
+    """A WebSocket connection's server-side state (``ws``: the collector's own
+    ``websocket.WebSocket``)."""
 
     __slots__ = ("backlog", "conn", "in_flight", "last_seen", "server", "ws")  # (no __dict__)
 
     def __init__(self, server: CollectorServer, conn: Connection | None) -> None:
         self.server = server
         self.conn = conn  # None until the connection is admitted
-        self.ws: Any = None
+        self.ws: websocket.WebSocket = None  # type: ignore[assignment]  # (set at once)
         self.last_seen = time.monotonic()
         # requests being answered; None while there are none (an idle connection holds no set)
         self.in_flight: set[asyncio.Task[None]] | None = None
@@ -94,7 +137,7 @@ class _Socket(websocket.Listener):
     def tasks(self) -> list[asyncio.Task[None]]:
         return list(self.in_flight) if self.in_flight else []
 
-    # -- websocket.Listener (the collector's own connections) -----------------------------
+    # -- websocket.Listener ------------------------------------------------------------------
     def message(self, data: bytes | str) -> None:
         if self.conn is None:  # (refused: only its close frame is read)
             return
@@ -298,6 +341,12 @@ class CollectorServer:
         upgrade = websocket.take_upgrade(head, WS_PATH)
         if not isinstance(upgrade, websocket.Upgrade):
             return upgrade
+        self._take(upgrade, transport)
+        return True
+
+    def _take(self, upgrade: websocket.Upgrade, transport: asyncio.Transport) -> None:
+        """Serve the connection as a WebSocket (``transport``'s protocol from now on), once it
+        is admitted."""
         sock = _Socket(self, None)
         frames = websocket.Frames(self.collector.config.limits.max_frame_bytes, upgrade.extensions)
         ws = sock.ws = websocket.WebSocket(frames, sock)
@@ -305,7 +354,6 @@ class CollectorServer:
         ws.connection_made(transport)
         ws.pause_reading()  # until the connection is admitted
         self._in_background(self._admit(sock, upgrade, transport))
-        return True
 
     def _in_background(self, work: Any) -> None:
         task = asyncio.create_task(work)
@@ -370,59 +418,27 @@ class CollectorServer:
         self.collector.close_connection(sock.conn)
 
     async def _websocket(self, request: web.BaseRequest) -> web.StreamResponse:
-        """An upgrade on a connection that served HTTP requests first, on aiohttp."""
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        try:
-            conn = await self.collector.open_connection(headers, request.remote or "")
-        except Rejected as e:
-            return await self._refuse_socket(request, e)
-        del headers  # not kept for the connection's life
-        ws = web.WebSocketResponse(
-            autoping=False, max_msg_size=self.collector.config.limits.max_frame_bytes
-        )
-        sock = _Socket(self, conn)
-        sock.ws = ws
-        try:
-            await ws.prepare(request)
-            self._sockets.add(sock)
-            while await self._frame(sock, await ws.receive()):
-                pass
-            if sock.in_flight:  # the client went away: let its requests finish (they are stored)
-                await asyncio.wait(sock.tasks())
-        finally:
-            self._sockets.discard(sock)
-            self.collector.close_connection(conn)
-        return ws
-
-    async def _refuse_socket(self, request: web.BaseRequest, e: Rejected) -> web.StreamResponse:
-        """Over a limit: upgrade, send the refusal as a response with its code, close."""
-        self.collector.metrics.rejected(e.kind)
-        ws = web.WebSocketResponse()
-        await ws.prepare(request)
-        await ws.send_bytes(raccoon.error_response_bytes(e))
-        await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=e.reason[:120].encode())
-        return ws
-
-    async def _frame(self, sock: _Socket, msg: WSMessage) -> bool:
-        """Handle one frame; False when the connection is over. (The frame is not kept while
-        the connection waits for the next: an idle connection holds no batch.)"""
-        sock.last_seen = time.monotonic()
-        kind = msg.type
-        if kind is WSMsgType.BINARY or kind is WSMsgType.TEXT:
-            while sock.in_flight and len(sock.in_flight) >= MAX_IN_FLIGHT:  # (no semaphore per
-                # connection: memory)
-                await asyncio.wait(sock.tasks(), return_when=asyncio.FIRST_COMPLETED)
-            self._start(sock, msg.data)
-        elif kind is WSMsgType.PING:
-            await sock.ws.pong(msg.data)
-        elif kind is WSMsgType.ERROR:
-            error = sock.ws.exception()
-            reason = str(error) if error else "unknown"
-            self._note_error(sock, reason, getattr(error, "code", 0) == WSCloseCode.MESSAGE_TOO_BIG)
-            return False
-        elif kind is not WSMsgType.PONG:  # CLOSE, CLOSING, CLOSED
-            return False
-        return True
+        """An upgrade that reached aiohttp (a later request on a kept-alive connection, or a
+        head too long for ``take_upgrade``): checked by the same handshake, then taken from
+        aiohttp's handler and served like a first-request upgrade."""
+        answer = websocket.handshake(_request_head(request))
+        handler = request.protocol
+        transport = request.transport
+        # aiohttp's parser stops at an upgrade's head and keeps what follows in _message_tail
+        # (more of it as it arrives) until a WebSocket reader is set: the client's first frames.
+        if not isinstance(answer, websocket.Upgrade):
+            return _refusal(answer)
+        if not handler._upgraded or transport is None:  # (its parser went on past the head)
+            return _refusal(None)
+        answer.rest = handler._message_tail
+        handler._message_tail = b""
+        # aiohttp lets go of the connection: with no transport its handler writes and closes
+        # nothing, and connection_lost ends its keep-alive timer and its place in the server's
+        # connections (so the runner's shutdown does not close a WebSocket).
+        handler.transport = None
+        handler.connection_lost(None)
+        self._take(answer, transport)
+        return _Detached()
 
     def _note_error(self, sock: _Socket, reason: str, too_large: bool) -> None:
         self.collector.metrics.rejected("too_large" if too_large else "ws_error")

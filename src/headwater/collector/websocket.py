@@ -5,7 +5,10 @@ aiohttp: ``take_upgrade`` reads the request head off the socket, the ``websocket
 checks the handshake and negotiates the extensions, and the connection's transport is handed to
 a ``WebSocket``. An idle connection then holds its transport, this protocol object and the
 server's per-connection state: no parsed request, HTTP parser, queue or task per connection
-(aiohttp holds ~10 kB of those for a WebSocket's whole life; ``docs/benchmarks.md``).
+(aiohttp holds ~10 kB of those for a WebSocket's whole life; ``docs/benchmarks.md``). An
+upgrade that aiohttp parsed (a later request on a kept-alive connection) is checked by the same
+``handshake`` and its connection handed to a ``WebSocket`` too, so every WebSocket connection is
+served here.
 
 ``Frames`` parses what a client sends; every protocol violation fails the connection with the
 close code RFC 6455 gives it: 1002 (protocol error: an unmasked frame, a reserved bit or opcode,
@@ -30,7 +33,7 @@ from websockets.exceptions import PayloadTooBig, ProtocolError
 from websockets.extensions.base import Extension
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 from websockets.frames import Close, Frame, Opcode
-from websockets.http11 import Request
+from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
 
 try:
@@ -78,23 +81,31 @@ def take_upgrade(head: bytes, path: str) -> Upgrade | bool | None:
     end = head.find(b"\r\n\r\n")
     if end < 0:
         return None if len(head) <= MAX_HEAD_BYTES else False
+    answer = handshake(head[: end + 4], head[end + 4 :])
+    return answer if isinstance(answer, Upgrade) else False
+
+
+def handshake(head: bytes, rest: bytes = b"") -> Upgrade | Response | None:
+    """Check a whole request head as a WebSocket handshake: the accepted ``Upgrade`` (``rest``
+    is what the client sent after the head), the response that refuses it (400 or 426, with
+    the reason as its body), or None when the head is not an HTTP/1.1 request without a body."""
     protocol = ServerProtocol(extensions=[_DEFLATE], max_size=None, logger=_HANDSHAKE_LOG)
-    protocol.receive_data(head[: end + 4])
+    protocol.receive_data(head)
     events = protocol.events_received()
     if not events or not isinstance(events[0], Request):
-        return False
+        return None
     request = events[0]
     if "content-length" in request.headers or "transfer-encoding" in request.headers:
-        return False  # (a GET with a body: aiohttp's to judge)
+        return None  # (a GET with a body)
     response = protocol.accept(request)
     if response.status_code != 101:
-        return False
+        return response
     protocol.send_response(response)
     headers = {
         name.lower(): value.encode("latin-1", "surrogateescape").decode("utf-8", "surrogateescape")
         for name, value in request.headers.raw_items()
     }
-    return Upgrade(b"".join(protocol.data_to_send()), headers, protocol.extensions, head[end + 4 :])
+    return Upgrade(b"".join(protocol.data_to_send()), headers, protocol.extensions, rest)
 
 
 # -- frames ---------------------------------------------------------------------------------

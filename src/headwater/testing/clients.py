@@ -190,9 +190,19 @@ class RawWebSocket:
         path: str = "/api/v1/events",
         headers: Mapping[str, str] | None = None,
         timeout: float = 10.0,
+        after_get: str | None = None,
+        early: bytes = b"",
     ) -> RawWebSocket:
-        """Open a connection and complete the upgrade; ``HandshakeFailed`` when refused."""
+        """Open a connection and complete the upgrade; ``HandshakeFailed`` when refused. With
+        ``after_get``, the upgrade is the connection's second request, after a GET of that path
+        (answered 200); ``early`` is written in the same write as the handshake."""
         reader, writer = await asyncio.open_connection(host, port)
+        if after_get is not None:
+            writer.write(f"GET {after_get} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+            answer = await read_response(reader, timeout)
+            if answer is None or answer.status != 200:
+                await close_writer(writer)
+                raise HandshakeFailed(answer)
         key = base64.b64encode(os.urandom(16)).decode()
         lines = [
             f"GET {path} HTTP/1.1",
@@ -203,7 +213,7 @@ class RawWebSocket:
             "Sec-WebSocket-Version: 13",
             *(f"{k}: {v}" for k, v in (headers or {}).items()),
         ]
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + early)
         response = await read_response(reader, timeout)
         if response is None or response.status != 101:
             await close_writer(writer)
