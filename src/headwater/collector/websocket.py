@@ -87,8 +87,8 @@ def take_upgrade(head: bytes, path: str) -> Upgrade | bool | None:
 
 def handshake(head: bytes, rest: bytes = b"") -> Upgrade | Response | None:
     """Check a whole request head as a WebSocket handshake: the accepted ``Upgrade`` (``rest``
-    is what the client sent after the head), the response that refuses it (400 or 426, with
-    the reason as its body), or None when the head is not an HTTP/1.1 request without a body."""
+    is what the client sent after the head), the response that refuses it (400, 426 or 505, with
+    the reason as its body), or None when the head is not a request without a body."""
     protocol = ServerProtocol(extensions=[_DEFLATE], max_size=None, logger=_HANDSHAKE_LOG)
     protocol.receive_data(head)
     events = protocol.events_received()
