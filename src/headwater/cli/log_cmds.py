@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
+import signal
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import click
@@ -13,11 +11,11 @@ import click
 from headwater.bus import Bus
 from headwater.bus.errors import OffsetOutOfRange, UnknownPartition, UnknownTopic
 from headwater.bus.names import check_topic_name
-from headwater.bus.records import Message, Position, Record, TopicInfo, TopicPartition
+from headwater.bus.records import Record, TopicInfo, TopicPartition
+from headwater.cli.appending import Appender, BadLine, Progress, read_batches, stop_on_signals
 from headwater.cli.context import cli_config, config_option, format_option, opened_bus
 from headwater.cli.output import echo_json, table
 from headwater.config.model import HeadwaterConfig
-from headwater.errors import HeadwaterError
 from headwater.ops.errors import BadInput, UnknownGroup
 from headwater.ops.lag import group_rows
 from headwater.ops.records import record_to_json, record_to_text
@@ -25,7 +23,6 @@ from headwater.pipeline.config import DestinationConfig
 
 READ_CHUNK_RECORDS = 500
 READ_CHUNK_BYTES = 4 << 20
-APPEND_BATCH = 1000
 MAX_REPORTED_BAD_LINES = 50
 
 
@@ -193,12 +190,6 @@ def _check_partition(info: TopicInfo, partition: int) -> int:
 # -- append -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _BadLine:
-    line: int
-    message: str
-
-
 @log_group.command("append")
 @click.argument("topic")
 @click.option(
@@ -234,115 +225,120 @@ def append_cmd(
     """Append JSON lines from stdin to TOPIC, one record per line.
 
     Each record's value is the line's bytes exactly as given (without the line break). Blank
-    lines are skipped. Every line is checked first: if any is not valid JSON or lacks the key
-    field, each bad line is reported with its number and nothing is appended. Then the records
-    are appended in batches, and the command returns once they are durable.
+    lines are skipped. The input is read and appended in batches of 1,000 lines (or 4 MiB), so
+    it may be of any size; while the log's write queue is full the command waits for it. Each
+    batch is checked whole before any of it is appended: when one holds lines that are not
+    valid JSON or lack the key field, its bad lines are reported with their numbers, and the
+    command stops with the batches before it appended (an input of one batch appends nothing).
+
+    \b
+    Whenever it stops early (bad lines, an error, Ctrl-C or SIGTERM), it first waits for the
+    batches on their way to the log, then reports how many lines are durable:
+      the first N lines are durable; resume with `tail -n +N+1`
+    (--format json: durable_lines and resume_line). Lines are appended in input order, so
+    resuming there neither loses nor repeats a record. On a terminal, stderr shows progress.
     """
     check_topic_name(topic)
     config = cli_config(ctx)
-    messages, bad = _parse_lines(source, key_field, partition, _max_record_bytes(config))
-    if bad:
-        _report_bad_lines(bad, fmt)
-        raise BadInput(
-            f"{len(bad)} bad line{'s' if len(bad) != 1 else ''} on stdin; nothing was appended"
-        )
-
-    with opened_bus(ctx, read_only=False, config=config) as (_config, bus):
-        if partition is not None and messages:
+    bad: list[BadLine] = []
+    with stop_on_signals() as stop, opened_bus(ctx, read_only=False, config=config) as (_c, bus):
+        if partition is not None:
             _check_append_partition(config, bus, topic, partition)
-        positions = _append_all(bus, topic, messages)
+        appender = Appender(bus, topic, stop.event)
+        progress = Progress(fmt == "text")
+        batches = read_batches(source, key_field, partition, _max_record_bytes(config), stop.event)
+        try:
+            while (batch := stop.next_batch(batches)) is not None:
+                if batch.bad:
+                    bad = batch.bad
+                    break
+                if not appender.add(batch):
+                    break
+                progress.show(batch.last, appender.durable_lines, appender.records)
+        finally:
+            appender.finish()
+            progress.done()
+    signum = stop.signals[0] if stop.signals else None
+    _report_append(topic, appender, bad, signum, fmt)
+    if bad:
+        raise BadInput(_bad_lines_message(bad, appender.durable_lines))
+    if appender.error is not None:
+        raise appender.error
+    if signum is not None:
+        ctx.exit(128 + signum)
 
-    by_partition: dict[int, list[int]] = {}
-    for pos in positions:
-        by_partition.setdefault(pos.partition, []).append(pos.offset)
+
+def _resume(durable_lines: int) -> str:
+    return (
+        f"the first {durable_lines} lines are durable; resume with `tail -n +{durable_lines + 1}`"
+    )
+
+
+def _bad_lines_message(bad: list[BadLine], durable_lines: int) -> str:
+    what = f"{len(bad)} bad line{'s' if len(bad) != 1 else ''} on stdin"
+    if durable_lines == 0:
+        return f"{what}; nothing was appended"
+    return f"{what}; {_resume(durable_lines)} once they are fixed"
+
+
+def _report_append(
+    topic: str, appender: Appender, bad: list[BadLine], signum: int | None, fmt: str
+) -> None:
+    """The summary of an append, and when it stopped early, why and where to resume."""
+    if bad:
+        reason = "bad lines"
+    elif appender.error is not None:
+        reason = "error"
+    elif signum is not None:
+        reason = signal.Signals(signum).name
+    else:
+        reason = None
     summary = [
-        {"partition": p, "count": len(offs), "first_offset": min(offs), "last_offset": max(offs)}
-        for p, offs in sorted(by_partition.items())
+        {
+            "partition": p,
+            "count": s.count,
+            "first_offset": s.first_offset,
+            "last_offset": s.last_offset,
+        }
+        for p, s in sorted(appender.partitions.items())
     ]
     if fmt == "json":
-        echo_json({"topic": topic, "appended": len(positions), "partitions": summary})
-        return
-    click.echo(f"appended {len(positions)} record{'s' if len(positions) != 1 else ''} to {topic}")
-    for item in summary:
-        click.echo(
-            f"  {topic}[{item['partition']}]: {item['count']} at offsets "
-            f"{item['first_offset']}..{item['last_offset']}"
-        )
-
-
-def _parse_lines(
-    stream: BinaryIO, key_field: str | None, partition: int | None, max_bytes: int
-) -> tuple[list[Message], list[_BadLine]]:
-    messages: list[Message] = []
-    bad: list[_BadLine] = []
-    for number, raw in enumerate(stream, start=1):
-        line: bytes = raw[:-1] if raw.endswith(b"\n") else raw
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        if not line.strip():
-            continue
-        try:
-            document = json.loads(line, parse_constant=_reject_constant)
-        except UnicodeDecodeError as exc:
-            bad.append(_BadLine(number, f"not UTF-8 (byte {exc.start})"))
-            continue
-        except ValueError as exc:
-            bad.append(_BadLine(number, f"invalid JSON: {exc}"))
-            continue
-        key: bytes | None = None
-        if key_field is not None:
-            key_text, problem = _key_of(document, key_field)
-            if key_text is None:
-                bad.append(_BadLine(number, problem))
-                continue
-            key = key_text.encode("utf-8")
-        size = len(line) + len(key or b"")
-        if size > max_bytes:
-            bad.append(
-                _BadLine(number, f"the record is {size} bytes; the bus takes at most {max_bytes}")
-            )
-            continue
-        messages.append(Message(value=line, key=key, partition=partition))
-    return messages, bad
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _key_of(document: Any, field: str) -> tuple[str | None, str]:
-    """The string value of ``field`` in ``document``, or ``(None, why not)``."""
-    if not isinstance(document, dict):
-        return None, f"not a JSON object, so it has no key field {field!r}"
-    if field in document:
-        value = document[field]
-    else:
-        value = document
-        for part in field.split("."):
-            if not isinstance(value, dict) or part not in value:
-                return None, f"missing key field {field!r}"
-            value = value[part]
-    if isinstance(value, str):
-        return value, ""
-    if isinstance(value, bool | int | float):
-        return json.dumps(value), ""
-    kind = "null" if value is None else type(value).__name__.replace("dict", "object")
-    return None, f"key field {field!r} is {kind}; it must be a string or a number"
-
-
-def _report_bad_lines(bad: list[_BadLine], fmt: str) -> None:
-    if fmt == "json":
-        echo_json(
-            {
-                "appended": 0,
-                "errors": [{"line": b.line, "message": b.message} for b in bad],
-            }
-        )
+        report: dict[str, object] = {
+            "topic": topic,
+            "appended": appender.records,
+            "durable_lines": appender.durable_lines,
+            "partitions": summary,
+        }
+        if reason is not None:
+            report.update(stopped=reason, resume_line=appender.durable_lines + 1)
+        if bad:
+            report["errors"] = [{"line": b.line, "message": b.message} for b in bad]
+        if appender.error is not None:
+            report["error"] = str(appender.error)
+        if appender.beyond:
+            report["also_appended_lines"] = [list(span) for span in appender.beyond]
+        echo_json(report)
         return
     for item in bad[:MAX_REPORTED_BAD_LINES]:
         click.echo(f"line {item.line}: {item.message}", err=True)
     if len(bad) > MAX_REPORTED_BAD_LINES:
         click.echo(f"... and {len(bad) - MAX_REPORTED_BAD_LINES} more bad lines", err=True)
+    if reason is None or appender.records:
+        n = appender.records
+        click.echo(f"appended {n} record{'s' if n != 1 else ''} to {topic}")
+        for item in summary:
+            click.echo(
+                f"  {topic}[{item['partition']}]: {item['count']} at offsets "
+                f"{item['first_offset']}..{item['last_offset']}"
+            )
+    if reason is not None and not bad:
+        click.echo(f"stopped ({reason}): {_resume(appender.durable_lines)}", err=True)
+    for first, last in appender.beyond:
+        click.echo(
+            f"warning: lines {first}..{last} were appended too, after a batch that failed: "
+            "resuming as above appends them again",
+            err=True,
+        )
 
 
 def _max_record_bytes(config: HeadwaterConfig) -> int:
@@ -365,22 +361,6 @@ def _check_append_partition(config: HeadwaterConfig, bus: Bus, topic: str, parti
             raise
         info = bus.create_topic(topic)
     _check_partition(info, partition)
-
-
-def _append_all(bus: Bus, topic: str, messages: list[Message]) -> list[Position]:
-    futures: list[Future[Sequence[Position]]] = []
-    try:
-        for i in range(0, len(messages), APPEND_BATCH):
-            futures.append(bus.append(topic, messages[i : i + APPEND_BATCH]))
-        positions: list[Position] = []
-        for future in futures:
-            positions.extend(future.result())
-        bus.flush()
-    except HeadwaterError:
-        done = sum(len(f.result()) for f in futures if f.done() and f.exception() is None)
-        click.echo(f"appended {done} records before the error below", err=True)
-        raise
-    return positions
 
 
 # -- offsets ----------------------------------------------------------------------------------
