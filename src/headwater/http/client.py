@@ -218,7 +218,16 @@ async def _read_response(
 ) -> tuple[Response, bool]:
     """The final answer, and whether the connection may be used again."""
     try:
-        head = parse_head(await _first_head(reader))
+        head = parse_head(await reader.readuntil(b"\r\n\r\n"))
+    except asyncio.IncompleteReadError as e:
+        if e.partial:
+            raise HttpError("the connection closed in the middle of the answer") from None
+        raise _Unanswered("the connection closed before an answer") from None
+    except ConnectionError as e:
+        raise _Unanswered(f"the connection was reset before an answer: {e}") from None
+    except asyncio.LimitOverrunError:
+        raise HttpError(f"the answer's head is over {MAX_HEAD_BYTES} bytes") from None
+    try:
         for _ in range(MAX_INTERIM):
             if head.status >= 200:
                 break
@@ -228,10 +237,10 @@ async def _read_response(
         else:
             raise HttpError(f"more than {MAX_INTERIM} 1xx answers before the final one")
         frame = framing(head, method, max_body)
-        if frame.body is Body.NONE:
-            body = b""
-        elif frame.body is Body.LENGTH:
+        if frame.body is Body.LENGTH:
             body = await reader.readexactly(frame.length)
+        elif frame.body is Body.NONE:
+            body = b""
         elif frame.body is Body.CHUNKED:
             body = await _chunked(reader, max_body)
         else:
@@ -240,18 +249,7 @@ async def _read_response(
         raise HttpError("the connection closed in the middle of the answer") from None
     except (ConnectionError, ssl.SSLError) as e:
         raise HttpError(f"the connection failed in the middle of the answer: {e}") from None
-    return Response(head.status, head.last(), body), frame.keep
-
-
-async def _first_head(reader: asyncio.StreamReader) -> bytes:
-    try:
-        return await _line(reader, b"\r\n\r\n", "head")
-    except asyncio.IncompleteReadError as e:
-        if e.partial:
-            raise
-        raise _Unanswered("the connection closed before an answer") from None
-    except ConnectionError as e:
-        raise _Unanswered(f"the connection was reset before an answer: {e}") from None
+    return Response(head.status, head.headers, body), frame.keep
 
 
 async def _line(reader: asyncio.StreamReader, end: bytes, what: str) -> bytes:
