@@ -225,6 +225,8 @@ async def _read_response(
         raise _Unanswered("the connection closed before an answer") from None
     except ConnectionError as e:
         raise _Unanswered(f"the connection was reset before an answer: {e}") from None
+    except ssl.SSLError as e:
+        raise HttpError(f"TLS failed before an answer: {e}") from None
     except asyncio.LimitOverrunError:
         raise HttpError(f"the answer's head is over {MAX_HEAD_BYTES} bytes") from None
     try:
