@@ -308,6 +308,7 @@ def test_interim_answers_without_end_or_an_upgrade_are_errors(head: bytes, match
         ("PUT", {}, True),
         ("DELETE", {}, True),
         ("POST", {"Idempotency-Key": "k-1"}, True),
+        ("POST", {"webhook-id": "msg_1"}, True),
         ("POST", {}, False),
         ("PATCH", {}, False),
     ],

@@ -34,7 +34,8 @@ arrives may or may not have reached the server: a server closing an idle connect
 request crosses looks the same as one that took the request and died. Such a request is sent
 again, once, on a new connection, only when repeating it is safe: its method is idempotent
 (``GET``, ``HEAD``, ``OPTIONS``, ``TRACE``, ``PUT``, ``DELETE``) or it carries an
-``Idempotency-Key`` header (HTTP delivery's requests do; the receiver drops a repeat). Any
+``Idempotency-Key`` header (HTTP delivery's requests do) or a ``webhook-id`` (every webhook
+sent: Standard Webhooks receivers drop a message id they have seen). Any
 other request fails with ``HttpError`` ("... before an answer") and its caller decides. Nothing
 is retried after a new connection fails, after any byte of an answer, or on a timeout.
 """
@@ -62,6 +63,8 @@ MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
 _READ_BYTES = 64 * 1024
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+REPEAT_SAFE = frozenset({"idempotency-key", "webhook-id"})
+"""Headers that make any request safe to send twice: the receiver drops a repeat of their value."""
 Origin = tuple[str, str, int]
 
 
@@ -130,9 +133,7 @@ class HttpClient:
         if body is not None or method in ("POST", "PUT", "PATCH"):
             head.append(f"Content-Length: {len(body or b'')}")
         payload = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (body or b"")
-        repeatable = method in IDEMPOTENT or any(
-            k.lower() == "idempotency-key" for k in headers or {}
-        )
+        repeatable = method in IDEMPOTENT or any(k.lower() in REPEAT_SAFE for k in headers or {})
         if self.before is not None:
             await self.before()
         try:
