@@ -9,6 +9,7 @@ writer taking its queue, Kafka's delivery reports) and queue the append then, on
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +49,17 @@ def append_many_waiting(
 ) -> list[Future[Sequence[Position]]]:
     """``bus.append_many(batches)`` (all queued or none), waiting as ``append_waiting`` does."""
     return _waiting(bus, lambda: bus.append_many(batches), deadline, stop)
+
+
+async def append_many_when_room(
+    bus: Bus, batches: Mapping[str, Sequence[Message]]
+) -> list[Future[Sequence[Position]]]:
+    """``append_many_waiting`` for asyncio code: queued at once when the queue has room, else
+    waited for on a worker thread, so that the event loop goes on meanwhile."""
+    try:
+        return bus.append_many(batches)
+    except QueueFull:
+        return await asyncio.to_thread(append_many_waiting, bus, batches)
 
 
 def _waiting(

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from headwater.bus import Bus, Message, Record, open_bus
 from headwater.bus.errors import LogLocked
+from headwater.bus.waiting import append_waiting
 from headwater.config.model import HeadwaterConfig
 
 if TYPE_CHECKING:
@@ -190,7 +191,7 @@ class FailedStore:
         with self.open(read_only=False) as bus:
             name = topic or self.topic
             bus.create_topic(name)
-            bus.append(name, [to_message(e) for e in events]).result()
+            append_waiting(bus, name, [to_message(e) for e in events]).result()
             bus.flush()
 
     def ensure_topic(self, topic: str) -> None:
@@ -282,7 +283,7 @@ class FailedStore:
             for destination, messages in by_destination.items():
                 topic = replay_topic(destination)
                 bus.create_topic(topic)
-                bus.append(topic, messages).result()
+                append_waiting(bus, topic, messages).result()
             bus.flush()
         return {d: len(m) for d, m in by_destination.items()}
 

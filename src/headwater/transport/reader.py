@@ -26,6 +26,7 @@ import orjson
 from headwater.bus.base import Bus
 from headwater.bus.errors import UnknownTopic
 from headwater.bus.records import Message, Position, Record
+from headwater.bus.waiting import append_many_waiting
 from headwater.transport.config import ReaderConfig
 from headwater.transport.message import BadMessage, Change, Mode, Op, decode, encode, topic_name
 
@@ -104,11 +105,11 @@ class Appender:
         self.count += 1
 
     def send(self) -> list[Future[Sequence[Position]]]:
-        """Append what was added since the last send."""
+        """Append what was added since the last send (waiting while the log's queue is full)."""
         if not self._pending:
             return []
         batches, self._pending, self.count = self._pending, {}, 0
-        return self._bus.append_many(batches)
+        return append_many_waiting(self._bus, batches)
 
 
 def wait_durable(futures: Sequence[Future[Sequence[Position]]], stop: threading.Event) -> bool:

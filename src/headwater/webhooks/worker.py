@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from headwater.bus.base import Bus, Consumer
 from headwater.bus.records import Message, Record, TopicPartition
+from headwater.bus.waiting import append_many_when_room
 from headwater.errors import HeadwaterError, TerminalError
 from headwater.http.client import HttpClient
 from headwater.webhooks.callbacks import to_sender
@@ -137,7 +138,7 @@ class Workers:
         """Append hand-offs, each topic's in one batch, once the state changes they follow
         are committed."""
         await self.store.flush()
-        futures = self.bus.append_many(batches)
+        futures = await append_many_when_room(self.bus, batches)
         await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
 
     async def _respond(self, state: MessageState) -> None:
