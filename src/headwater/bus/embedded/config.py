@@ -62,7 +62,7 @@ class EmbeddedBusConfig(Section):
         64 * MiB,
         gt=0,
         description="Bytes queued for the log's writer beyond which appends are refused "
-        "(backpressure: the collector answers 503).",
+        "(backpressure: the collector answers 503; the command line, readers and workers wait).",
     )
     default_partitions: int = Field(2, ge=1, le=10_000, description="Partitions of new topics.")
     auto_create_topics: bool = Field(
