@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
@@ -126,11 +127,25 @@ class StatsdConfig(Section):
     interval_s: float = Field(10.0, gt=0, description="How often counters are sent.")
 
 
+class TlsConfig(Section):
+    cert_file: Path = Field(
+        ..., description="PEM file of the server's certificate, then its intermediate chain."
+    )
+    key_file: Path = Field(
+        ..., description="PEM file of the certificate's private key (unencrypted)."
+    )
+
+
 class CollectorConfig(Section):
     host: str = Field("127.0.0.1", description="Address the HTTP/WebSocket server binds.")
     port: int = Field(8080, ge=0, le=65535, description="Port of the HTTP/WebSocket server.")
     grpc_port: int | None = Field(
         8081, ge=0, le=65535, description="Port of the gRPC server; null disables it."
+    )
+    tls: TlsConfig | None = Field(
+        None,
+        description="Serve TLS on both ports (HTTP and WebSocket, gRPC with ALPN h2); SIGHUP "
+        "reloads the certificate; null: plain TCP.",
     )
     ack: Literal["durable", "received"] = Field(
         "durable",

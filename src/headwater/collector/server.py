@@ -13,6 +13,10 @@ pings each connection and closes those that have sent nothing (not even a pong) 
 ``pong_wait_s``. Client pings are answered. Each connection handles up to ``MAX_IN_FLIGHT``
 requests at once; responses go back as they complete, each naming its ``req_guid``.
 
+With ``collector.tls`` both ports serve TLS: the HTTP port offers ALPN
+``http/1.1`` and the collector's WebSocket takes over the TLS transport as it would a plain one;
+the gRPC port offers ``h2``. ``reload_tls`` (SIGHUP) presents the certificate files anew.
+
 Shutdown (``stop``): new connections and requests are refused, in-flight requests finish, open
 WebSockets are closed with 1001 (going away), then the servers stop.
 """
@@ -38,6 +42,7 @@ from headwater.collector.grpc_server import GrpcServer
 from headwater.collector.metrics import StatsdExporter
 from headwater.collector.protocols import raccoon
 from headwater.collector.service import Collector, Connection, HttpRequest
+from headwater.collector.tls import H2, HTTP1, ServerCertificate, server_certificate
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +187,7 @@ class CollectorServer:
         self._tasks: list[asyncio.Task[None]] = []
         self._statsd: StatsdExporter | None = None
         self._listener: asyncio.Server | None = None
+        self.certificate: ServerCertificate | None = None  # collector.tls, once started
         self._deadline = HeadDeadline(
             collector.config.limits.request_timeout_s,
             lambda: collector.metrics.rejected("request_timeout"),
@@ -191,6 +197,9 @@ class CollectorServer:
     async def start(self) -> None:
         limits = self.collector.config.limits
         loop = asyncio.get_running_loop()
+        self.certificate = server_certificate(self.collector.config.tls, "collector.tls")
+        tls = self.certificate.context(HTTP1) if self.certificate is not None else None
+        handshake_s = limits.request_timeout_s if tls is not None else None  # timed as a head
 
         def request(
             message: Any, payload: Any, protocol: Any, writer: Any, task: Any
@@ -219,10 +228,17 @@ class CollectorServer:
         # Our own listener (not a TCPSite) so that every connection's request head is timed.
         protocol = self._deadline.factory(server, self._upgrade)
         if self.sock is not None:
-            self._listener = await loop.create_server(protocol, sock=self.sock)
+            self._listener = await loop.create_server(
+                protocol, sock=self.sock, ssl=tls, ssl_handshake_timeout=handshake_s
+            )
         else:
             self._listener = await loop.create_server(
-                protocol, self.host, self.port, reuse_address=True
+                protocol,
+                self.host,
+                self.port,
+                reuse_address=True,
+                ssl=tls,
+                ssl_handshake_timeout=handshake_s,
             )
         if self._listener.sockets:
             self.port = self._listener.sockets[0].getsockname()[1]
@@ -234,6 +250,7 @@ class CollectorServer:
                 limits.max_body_bytes,
                 share_port=self.sock is not None,
                 request_timeout_s=limits.request_timeout_s,
+                tls=self.certificate.context(H2) if self.certificate is not None else None,
             )
             self.grpc_port = await self._grpc.start()
         self._tasks = [
@@ -280,10 +297,16 @@ class CollectorServer:
             self._statsd.close()
         collector.ready = False
 
+    def reload_tls(self) -> bool:
+        """Present the certificate files anew on both ports' new connections (SIGHUP); False
+        when there is no TLS or the files do not load (logged; the old certificate stays)."""
+        return self.certificate is not None and self.certificate.reload()
+
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.collector.config.tls is not None else "http"
+        return f"{scheme}://{host}:{self.port}"
 
     # -- HTTP -------------------------------------------------------------------------------
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:

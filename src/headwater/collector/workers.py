@@ -25,6 +25,9 @@ on the main process stops the workers first (each finishes its requests, which t
 takes), then the log is flushed and closed. If the main process dies, its workers die with it
 (``PR_SET_PDEATHSIG``): the collector fails as one unit, its clients' unacked requests are sent
 again elsewhere, and no orphan keeps serving the port.
+With ``collector.tls`` each worker serves TLS with its own contexts; SIGHUP on the main process
+is passed on to every worker, which reloads its certificate (a worker forked later reads the
+files as they are then).
 """
 
 from __future__ import annotations
@@ -186,7 +189,14 @@ class IntakeWorkers:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.config.collector.tls is not None else "http"
+        return f"{scheme}://{host}:{self.port}"
+
+    def send(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to every worker (SIGHUP: they reload their TLS certificate)."""
+        for pid in self.pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     # -- running ----------------------------------------------------------------------------
     async def serve(self, host: LogHost) -> None:

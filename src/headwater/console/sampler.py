@@ -39,7 +39,8 @@ async def _intake(console: Console, session: aiohttp.ClientSession) -> dict[str,
     if console.metrics is not None:
         return intake_points(console.metrics.registry.collect())
     cfg = console.config
-    base = cfg.console.collector_url or f"http://{cfg.collector.host}:{cfg.collector.port}"
+    scheme = "https" if cfg.collector.tls is not None else "http"
+    base = cfg.console.collector_url or f"{scheme}://{cfg.collector.host}:{cfg.collector.port}"
     try:
         async with session.get(f"{base.rstrip('/')}/metrics") as response:
             text = await response.text()

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager, suppress
 
 from aiohttp import web
 
+from headwater.collector.tls import HTTP1, ServerCertificate
 from headwater.console import actions, live, pages
 from headwater.console.app import (
     CONSOLE_KEY,
@@ -25,19 +26,22 @@ from headwater.console.sampler import run_sampler
 
 
 @asynccontextmanager
-async def console_site(console: Console, host: str, port: int) -> AsyncIterator[str]:
-    """Serve the console on ``host:port`` (0: any free port) and keep its charts' points;
-    yields its URL."""
+async def console_site(
+    console: Console, host: str, port: int, certificate: ServerCertificate | None = None
+) -> AsyncIterator[str]:
+    """Serve the console on ``host:port`` (0: any free port; over HTTPS with ``certificate``)
+    and keep its charts' points; yields its URL."""
     runner = web.AppRunner(make_app(console), access_log=None, handle_signals=False)
     stop = asyncio.Event()
     sampler: asyncio.Task[None] | None = None
     try:
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        tls = certificate.context(HTTP1) if certificate is not None else None
+        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=tls)
         await site.start()
         bound = site._server.sockets[0].getsockname()  # type: ignore[union-attr]
         sampler = asyncio.create_task(run_sampler(console, stop), name="console-sampler")
-        yield f"http://{bound[0]}:{bound[1]}"
+        yield f"{'https' if tls is not None else 'http'}://{bound[0]}:{bound[1]}"
     finally:
         stop.set()
         console.closing.set()

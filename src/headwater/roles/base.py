@@ -161,6 +161,15 @@ def stop_on_signals(stop: asyncio.Event) -> list[signal.Signals]:
     return installed
 
 
+def on_hangup(reload: Callable[[], object]) -> list[signal.Signals]:
+    """Make SIGHUP call ``reload`` (in the main thread only); the signals installed."""
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
+    except (RuntimeError, ValueError):  # not the main thread
+        return []
+    return [signal.SIGHUP]
+
+
 def remove_signals(installed: list[signal.Signals]) -> None:
     loop = asyncio.get_running_loop()
     for sig in installed:

@@ -7,11 +7,19 @@ from __future__ import annotations
 import asyncio
 
 from headwater.bus import Bus, open_bus
+from headwater.collector.tls import server_certificate
 from headwater.config.model import HeadwaterConfig
 from headwater.console.app import Console
 from headwater.console.site import console_site
 from headwater.ops.errors import BadInput
-from headwater.roles.base import Echo, listen_address, role_running, until_stopped
+from headwater.roles.base import (
+    Echo,
+    listen_address,
+    on_hangup,
+    remove_signals,
+    role_running,
+    until_stopped,
+)
 
 
 def require_tokens(config: HeadwaterConfig) -> None:
@@ -29,8 +37,10 @@ async def serve_console(
     echo: Echo = print,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """``headwater console`` until SIGTERM or ``stop``."""
+    """``headwater console`` until SIGTERM or ``stop`` (with ``console.tls``, SIGHUP reloads
+    the certificate)."""
     require_tokens(config)
+    certificate = server_certificate(config.console.tls, "console.tls")
 
     async def opening() -> Bus:
         if config.bus.backend == "embedded":
@@ -44,6 +54,10 @@ async def serve_console(
             run.store = await asyncio.to_thread(open_state, config)
         console = Console(config, run.bus, webhook_state=run.store)
         listen = listen_address(config.console, host, port)
-        async with console_site(console, *listen) as url:
-            echo(f"headwater: console at {url}/ (health at {url}/healthz)")
-            await until_stopped(run.stop, echo, "headwater: console ready (stop with SIGTERM)")
+        hangup = on_hangup(certificate.reload) if certificate is not None else []
+        try:
+            async with console_site(console, *listen, certificate) as url:
+                echo(f"headwater: console at {url}/ (health at {url}/healthz)")
+                await until_stopped(run.stop, echo, "headwater: console ready (stop with SIGTERM)")
+        finally:
+            remove_signals(hangup)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from headwater.bus import Bus
 from headwater.config.model import HeadwaterConfig
-from headwater.roles.base import stop_on_signals
+from headwater.roles.base import on_hangup, stop_on_signals
 
 if TYPE_CHECKING:
     from headwater.collector.service import Collector
@@ -31,10 +31,13 @@ def run_worker(
     link: socket.socket,
     ring: mmap.mmap | None = None,
 ) -> int:
-    """Serve until SIGTERM (or until the main process goes away); the exit code."""
+    """Serve until SIGTERM (or until the main process goes away); the exit code. With
+    ``collector.tls``, SIGHUP (passed on by the main process) reloads the certificate."""
     signal.set_wakeup_fd(-1)  # the main process's event loop is not ours
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
+    if config.collector.tls is not None:  # a reload the main process passes on, until served
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         import uvloop
 
@@ -80,6 +83,8 @@ async def _serve(
     server = CollectorServer(collector, host, port, grpc_port, sock=sock)
     try:
         await server.start()
+        if server.certificate is not None:
+            on_hangup(server.reload_tls)
         gc.collect()
         gc.freeze()  # what start-up made stays out of the collector's walks
         trim_heap()

@@ -4,7 +4,8 @@
 Both open the configured bus, serve the collector (``/healthz`` answers 200 once it is ready;
 ``/readyz`` also names, under ``up``, each destination that is failing) and run until
 SIGTERM or SIGINT; then they stop gracefully: new requests are refused, in-flight ones finish,
-WebSockets close with 1001, and the bus is flushed and closed (persisting offsets).
+WebSockets close with 1001, and the bus is flushed and closed (persisting offsets). With
+``collector.tls`` or ``console.tls``, SIGHUP reloads the certificates; open connections stay.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,7 +22,7 @@ from headwater.bus import Bus, open_bus
 from headwater.config.model import HeadwaterConfig
 from headwater.ops.masking import redact_dsn
 from headwater.pipeline.config import DestinationConfig
-from headwater.roles.base import describe_bus, remove_signals, stop_on_signals
+from headwater.roles.base import describe_bus, on_hangup, remove_signals, stop_on_signals
 from headwater.roles.intake import open_webhook_state, open_webhooks, run_worker
 
 if TYPE_CHECKING:
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from headwater.collector.metrics import Metrics
     from headwater.collector.server import CollectorServer
     from headwater.collector.service import Collector
+    from headwater.collector.tls import ServerCertificate
     from headwater.collector.workers import IntakeWorkers
     from headwater.pipeline.runner import Pipeline
     from headwater.webhooks.state import StateStore
@@ -58,10 +61,17 @@ async def serve(
     destinations; ``with_webhooks``, by default with the pipeline, the webhook workers) until
     ``stop`` is set (by SIGTERM/SIGINT when this runs in the main thread). With ``workers``
     (already forked) the intake runs in them and this process holds the log for them."""
+    from headwater.collector.tls import server_certificate
+
     stop = stop or asyncio.Event()
+    console_tls = (
+        server_certificate(config.console.tls, "console.tls") if _console(config) else None
+    )
     installed = stop_on_signals(stop)
     bus: Bus | None = None
     front: _Front | None = None
+    if config.collector.tls is not None or console_tls is not None:
+        installed += on_hangup(lambda: _reload_tls(front, console_tls))
     pipeline: Pipeline | None = None
     store: StateStore | None = None
     webhook_workers: asyncio.Task[None] | None = None
@@ -89,7 +99,8 @@ async def serve(
             "/api/v1/events, /v1/batch (Segment), /api/s/{type} (Jitsu), /v1/logs (OTLP)"
         )
         if front.grpc_port is not None:
-            echo(f"headwater: gRPC EventService on {front.host}:{front.grpc_port}")
+            tls = " (TLS, ALPN h2)" if config.collector.tls is not None else ""
+            echo(f"headwater: gRPC EventService on {front.host}:{front.grpc_port}{tls}")
         if store is not None:
             echo(f"headwater: webhooks: POST {front.url}/webhooks/{{source_id}}")
         if with_webhooks is None:
@@ -114,13 +125,13 @@ async def serve(
             pipeline = await asyncio.to_thread(start_pipeline, config, echo)
             front.set_readiness(pipeline_readiness(pipeline))
             front.metrics.also.append(METRICS.registry)
-        if config.console.admin_token_hashes:
+        if _console(config):
             from headwater.console.app import Console
             from headwater.console.site import console_site
 
             console = Console(config, bus, front.metrics, pipeline, store)  # type: ignore[arg-type]
             url = await sites.enter_async_context(
-                console_site(console, config.console.host, config.console.port)
+                console_site(console, config.console.host, config.console.port, console_tls)
             )
             echo(f"headwater: console at {url}/")
         else:
@@ -151,6 +162,19 @@ async def serve(
     echo("headwater: stopped")
 
 
+def _console(config: HeadwaterConfig) -> bool:
+    """Whether ``up`` serves the console (an admin token can log in)."""
+    return bool(config.console.admin_token_hashes)
+
+
+def _reload_tls(front: _Front | None, console: ServerCertificate | None) -> None:
+    """SIGHUP: the intake's and the console's certificates read again."""
+    if front is not None:
+        front.reload_tls()
+    if console is not None:
+        console.reload()
+
+
 class _Front:
     """Where the intake runs: in this process, or in forked workers."""
 
@@ -161,6 +185,9 @@ class _Front:
     metrics: Metrics | LogHost
 
     def set_readiness(self, readiness: Callable[[], dict[str, str]]) -> None:
+        raise NotImplementedError
+
+    def reload_tls(self) -> None:
         raise NotImplementedError
 
     async def stop(self) -> None:
@@ -206,6 +233,9 @@ class _InProcess(_Front):
 
     def set_readiness(self, readiness: Callable[[], dict[str, str]]) -> None:
         self.collector.readiness = readiness
+
+    def reload_tls(self) -> None:
+        self.server.reload_tls()
 
     async def stop(self) -> None:
         await self.server.stop()
@@ -256,6 +286,9 @@ class _Workers(_Front):
 
     def set_readiness(self, readiness: Callable[[], dict[str, str]]) -> None:
         self.log_host.readiness = readiness
+
+    def reload_tls(self) -> None:
+        self.workers.send(signal.SIGHUP)  # each worker reloads its own contexts
 
     async def stop(self) -> None:
         await self.workers.stop(self.config.collector.shutdown_grace_s)
@@ -309,8 +342,11 @@ def run(
 ) -> None:
     """Run ``serve`` to completion on uvloop where it is installed, with the intake in
     ``collector.workers`` processes forked first when there are more than one."""
+    from headwater.collector.tls import server_certificate
     from headwater.collector.workers import IntakeWorkers, worker_count
 
+    # read and checked before workers fork: a bad file is one error naming it, not theirs
+    server_certificate(config.collector.tls, "collector.tls")
     workers = None
     count = worker_count(config.collector)
     if count > 1:

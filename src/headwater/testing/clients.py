@@ -20,6 +20,7 @@ import asyncio
 import base64
 import contextlib
 import os
+import ssl
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -192,11 +193,13 @@ class RawWebSocket:
         timeout: float = 10.0,
         after_get: str | None = None,
         early: bytes = b"",
+        tls: ssl.SSLContext | None = None,
     ) -> RawWebSocket:
         """Open a connection and complete the upgrade; ``HandshakeFailed`` when refused. With
         ``after_get``, the upgrade is the connection's second request, after a GET of that path
-        (answered 200); ``early`` is written in the same write as the handshake."""
-        reader, writer = await asyncio.open_connection(host, port)
+        (answered 200); ``early`` is written in the same write as the handshake; ``tls``: over
+        TLS with this client context."""
+        reader, writer = await asyncio.open_connection(host, port, ssl=tls)
         if after_get is not None:
             writer.write(f"GET {after_get} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
             answer = await read_response(reader, timeout)
