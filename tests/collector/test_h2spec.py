@@ -1,5 +1,5 @@
 """h2spec, the HTTP/2 conformance suite (RFC 9113 and RFC 7541, with its strict cases), against
-the gRPC port of a real ``headwater collector``.
+the gRPC port of a real ``headwater collector``, over plain h2c and over TLS.
 
 ``scripts/bootstrap.sh`` builds h2spec 2.2.1 into ``~/.cache/headwater/go``. Every case must
 pass: none is skipped here. h2spec's requests are GETs to the collector's one gRPC path without
@@ -20,6 +20,7 @@ import pytest
 
 from headwater.collector.protocols import raccoon
 from headwater.testing.collector import collector_with_grpc
+from headwater.testing.tls import CertificateAuthority
 
 H2SPEC = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "headwater/go/bin/h2spec"
 CASES = 146  # h2spec 2.2.1 with --strict: generic, RFC 7540 (now 9113) and HPACK cases
@@ -28,6 +29,16 @@ CASES = 146  # h2spec 2.2.1 with --strict: generic, RFC 7540 (now 9113) and HPAC
 @pytest.fixture(scope="module")
 def grpc_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     with collector_with_grpc(tmp_path_factory.mktemp("h2spec")) as (_, port):
+        yield port
+
+
+@pytest.fixture(scope="module")
+def tls_grpc_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    root = tmp_path_factory.mktemp("h2spec-tls")
+    authority = CertificateAuthority()
+    cert, key = authority.issue("127.0.0.1", "localhost").write(root, "server")
+    tls = f"  tls:\n    cert_file: {cert}\n    key_file: {key}"
+    with collector_with_grpc(root, tls, authority.client_context()) as (_, port):
         yield port
 
 
@@ -59,4 +70,11 @@ def run_h2spec(port: int, report: Path, *flags: str) -> list[str]:
 
 def test_h2spec_passes_every_case_over_h2c(grpc_port: int, tmp_path: Path) -> None:
     not_passed = run_h2spec(grpc_port, tmp_path / "h2c.xml")
+    assert not not_passed, "\n".join(not_passed)
+
+
+def test_h2spec_passes_every_case_over_tls(tls_grpc_port: int, tmp_path: Path) -> None:
+    """Over TLS (``-t -k``: the certificate is the test's own) h2spec adds its TLS cases
+    (RFC 9113 §9.2: TLS 1.2 or later, no compression or renegotiation, no blocked suites)."""
+    not_passed = run_h2spec(tls_grpc_port, tmp_path / "tls.xml", "-t", "-k")
     assert not not_passed, "\n".join(not_passed)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -119,14 +120,15 @@ class CollectorProcess:
         """The first stdout line starting with ``prefix``; fails at the deadline or at exit."""
         return self.out.wait_for(prefix, DEADLINE_S)
 
-    def wait_healthy(self) -> int:
-        """The HTTP port, once GET /healthz answers 200 (within the deadline)."""
+    def wait_healthy(self, context: ssl.SSLContext | None = None) -> int:
+        """The HTTP port, once GET /healthz answers 200 (within the deadline); ``context``
+        verifies the certificate of a collector serving TLS."""
         url = self.wait_for_line("headwater: health at ").split(" at ", 1)[1]
         deadline = time.monotonic() + DEADLINE_S
         last: object = None
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(url, timeout=DEADLINE_S) as response:
+                with urllib.request.urlopen(url, timeout=DEADLINE_S, context=context) as response:
                     if response.status == 200:
                         return int(url.rsplit(":", 1)[1].split("/", 1)[0])
                     last = response.status
@@ -166,16 +168,17 @@ class CollectorProcess:
 
 @contextmanager
 def collector_with_grpc(
-    root: Path, collector_yaml: str = ""
+    root: Path, collector_yaml: str = "", context: ssl.SSLContext | None = None
 ) -> Iterator[tuple[CollectorProcess, int]]:
     """``headwater collector`` with its data under ``root`` and ``collector_yaml`` (indented
-    lines) in its ``collector:`` section, once healthy: the process and its gRPC port."""
+    lines) in its ``collector:`` section, once healthy (``context``: as ``wait_healthy``):
+    the process and its gRPC port."""
     config = root / "headwater.yaml"
     config.write_text(f"data_dir: {root / 'state'}\ncollector:\n{collector_yaml or '  {}'}\n")
     process = CollectorProcess(config, root / "collector.err")
     try:
-        process.wait_healthy()
+        process.wait_healthy(context)
         line = process.wait_for_line("headwater: gRPC EventService on ")
-        yield process, int(line.rsplit(":", 1)[1])
+        yield process, int(line.split()[4].rsplit(":", 1)[1])  # "... on HOST:PORT [(TLS...)]"
     finally:
         process.close()
