@@ -240,12 +240,15 @@ def _binary_frame(payload: bytes) -> bytes:
 
 
 def s_client(port: int, pki: Pki, *args: str) -> subprocess.CompletedProcess[str]:
-    """``openssl s_client`` against ``port``, trusting the test authority, closing at once."""
+    """``openssl s_client`` against ``port``, trusting the test authority, closing at once.
+    Its output can hold the server's first bytes (the gRPC port's SETTINGS frames, when they
+    arrive before it closes): not UTF-8, so shown escaped."""
     return subprocess.run(
         ["openssl", "s_client", "-connect", f"{HOST}:{port}", "-CAfile", str(pki.ca_file), *args],
         input="",
         capture_output=True,
         text=True,
+        errors="backslashreplace",
         timeout=TIMEOUT_S,
         check=False,
     )
