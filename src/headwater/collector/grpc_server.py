@@ -685,9 +685,7 @@ class _Connection(asyncio.Protocol):
         head = _status_block(code, message, http_status, _TEXT)
         head += h2.literal(b"content-length", str(len(body)).encode())
         self._send(h2.frame(h2.HEADERS, h2.END_HEADERS, s.id, head))
-        s.pending, s.tail = body, None
-        self._blocked.append(s)
-        self._unblock()
+        self._send_data(s, body, None)
 
     def answer(
         self,
@@ -718,9 +716,14 @@ class _Connection(asyncio.Protocol):
             self._close(s.id, s.ended)
         else:
             self._send(head)
-            s.pending, s.tail = data, _OK_TRAILERS  # still open until its DATA is out
-            self._blocked.append(s)
-            self._unblock()
+            self._send_data(s, data, _OK_TRAILERS)
+
+    def _send_data(self, s: _Stream, data: bytes, tail: bytes | None) -> None:
+        """Send ``data`` on ``s`` as the client's windows let it, then ``tail`` (trailers; None:
+        the last DATA ends the stream). ``s`` stays open until it is all out."""
+        s.pending, s.tail = data, tail
+        self._blocked.append(s)
+        self._unblock()
 
     def _unblock(self) -> None:
         """Send what the client's windows now let through of answers waiting for them."""
