@@ -16,8 +16,9 @@ from hpack import Decoder, Encoder
 from headwater.collector import http2 as h2
 from headwater.collector.config import LimitsConfig
 from headwater.collector.errors import Code, Rejected, unavailable
-from headwater.collector.grpc_server import MAX_STREAMS, GrpcServer, length_prefixed
+from headwater.collector.grpc_server import MAX_HANDLING, MAX_STREAMS, GrpcServer, length_prefixed
 from headwater.collector.protocols import raccoon
+from headwater.testing.waiting import until
 
 LIMITS = LimitsConfig()
 
@@ -912,3 +913,48 @@ def test_a_client_that_never_opens_its_window_holds_bounded_answers() -> None:
 
     asyncio.run(main())
     assert len(rec.calls) == MAX_STREAMS
+
+
+def test_a_connection_has_at_most_max_handling_calls_in_the_handler_and_others_go_first() -> None:
+    """A client that sends many calls at once gets them handled MAX_HANDLING at a time, the rest
+    read once calls are answered; a call on another connection is handled in between, not after
+    all of them; in the end every call is answered."""
+    calls = 3 * MAX_HANDLING
+    release = asyncio.Event()
+    inside: list[str] = []
+    most = 0
+
+    async def handle(raw: bytes, metadata: Mapping[str, str], peer: str) -> bytes:
+        nonlocal most
+        intake = raccoon.decode_request(raw, LIMITS)
+        guid = intake.request_id or ""
+        inside.append(guid)
+        most = max(most, len(inside))
+        if guid.startswith("many-"):
+            await release.wait()
+        inside.remove(guid)
+        return raccoon.ok_response_bytes(guid)
+
+    async def main() -> None:
+        server = await raw_server(handle)
+        client = await RawClient.connect(server.port)
+        try:
+            for i in range(calls):
+                client.headers(2 * i + 1)
+                client.message(2 * i + 1, request(f"many-{i}"))
+            await client.writer.drain()
+            await until(lambda: len(inside) == MAX_HANDLING, "the first calls in the handler")
+            await answered_on_a_new_channel(server.port, "other")  # while 64 wait
+            release.set()
+            answered = set()
+            while len(answered) < calls:
+                kind, flags, stream, _ = await client.frame()
+                if kind == h2.HEADERS and flags & h2.END_STREAM:
+                    answered.add(stream)
+            assert answered == {2 * i + 1 for i in range(calls)}
+        finally:
+            await client.close()
+            await server.stop(1)
+
+    asyncio.run(main())
+    assert most == MAX_HANDLING + 1  # the connection's calls, and the other one beside them

@@ -29,7 +29,7 @@ from headwater.collector.grpc_server import RESET_BURST, length_prefixed
 from headwater.collector.protocols import raccoon
 from headwater.testing.collector import CollectorProcess, collector_with_grpc
 from headwater.testing.proc_tree import rss
-from headwater.testing.webhooks import wait_until
+from headwater.testing.waiting import wait_until
 
 CHUNK = 64 * 1024  # the attacker writes this much at a time, reading the server's frames between
 CPU_BOUND_S = 3.0  # the collector's CPU time on one attack (all of it, the probe's calls too)
@@ -237,11 +237,12 @@ def test_an_attack_ends_its_connection_and_others_are_served(
     baseline.channel.close()
     log_start = target.process.stderr_path.stat().st_size
 
+    chunks = list(_chunked(frames()))  # made before: the attacker spends no CPU on them
     cpu, memory = target.cpu_s(), rss(target.pid)
     with Probe(target.port) as probe:
         wait_until(lambda: len(probe.latencies) >= 20, "the probe is calling", 30)
         before = len(probe.latencies)
-        got, last_stream = asyncio.run(_attack(target.port, _chunked(frames())))
+        got, last_stream = asyncio.run(_attack(target.port, iter(chunks)))
         during = probe.latencies[before:]
         wait_until(lambda: len(probe.latencies) > before + len(during), "a call after", 30)
     probe.channel.close()

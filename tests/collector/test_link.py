@@ -12,7 +12,6 @@ import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,6 +26,7 @@ from headwater.collector.host import LogHost
 from headwater.collector.limits import Connections
 from headwater.collector.link import Link, LinkClosed
 from headwater.collector.ring import Ring, shared_mapping
+from headwater.testing.waiting import until
 
 TOPIC = "t"
 
@@ -83,14 +83,6 @@ async def held_append(
         host.close()
 
 
-async def wait_until(condition: Any, seconds: float = 10) -> None:
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
-
-
 def test_a_cancelled_append_keeps_its_ring_region_until_the_log_has_written_it(
     bus: EmbeddedBus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -105,7 +97,9 @@ def test_a_cancelled_append_keeps_its_ring_region_until_the_log_has_written_it(
             assert not ring.release_if_idle()
             assert link.pending_bytes > 0
             held.release.set()
-            await wait_until(lambda: link.pending_bytes == 0)  # answered: now it is free
+            await until(
+                lambda: link.pending_bytes == 0, "the link is drained"
+            )  # answered: now it is free
             assert ring.release_if_idle()
             second = await link.append([(TOPIC, 0, batch(b"second" * 40))])
             assert second == [10]
@@ -172,7 +166,7 @@ def test_a_turns_appends_to_one_partition_are_one_batch_each_answered_at_its_rec
             futures.append(link.append([(TOPIC, 0, batch(b"6")), ("other", 1, batch(b"p"))]))
             futures.append(link.append([(TOPIC, 0, batch(b"7"))]))
             answers = list(await asyncio.gather(*futures))
-            await wait_until(lambda: link.pending_bytes == 0)
+            await until(lambda: link.pending_bytes == 0, "the link is drained")
             # every region is free again (the small ring never held one: all went inline)
             assert ring.release_if_idle() == (ring_bytes > 64)
             return answers
@@ -208,7 +202,7 @@ def test_a_cancelled_append_in_a_merged_batch_leaves_the_others_answered(
             futures = [link.append([(TOPIC, 0, batch(b"%d" % i))]) for i in range(3)]
             futures[1].cancel()  # its records are queued all the same: the others still count
             answers = [await futures[0], await futures[2]]
-            await wait_until(lambda: link.pending_bytes == 0)
+            await until(lambda: link.pending_bytes == 0, "the link is drained")
             return answers
 
     assert asyncio.run(scenario()) == [[0], [20]]

@@ -38,7 +38,7 @@ from headwater.collector.tls import ServerCertificate, TlsError
 from headwater.testing.clients import RawWebSocket, raccoon_request, raccoon_response
 from headwater.testing.collector import CollectorProcess, RunningCollector, running_collector
 from headwater.testing.tls import CertificateAuthority, self_signed
-from headwater.testing.webhooks import wait_until
+from headwater.testing.waiting import wait_until
 
 KEY = "tls-write-key"
 TIMEOUT_S = 10.0

@@ -59,7 +59,7 @@ from headwater.testing.clients import (
     raccoon_response,
 )
 from headwater.testing.collector import RunningCollector, running_collector
-from headwater.testing.webhooks import wait_until
+from headwater.testing.waiting import wait_until
 
 LIMIT = 256 * 1024  # collector.limits.max_frame_bytes of the server under test
 USER = {"X-User-ID": "conformance"}

@@ -14,7 +14,7 @@ import struct
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +32,7 @@ from headwater.testing.collector import CollectorProcess
 from headwater.testing.kafka import KafkaCluster
 from headwater.testing.load.http1 import HttpConnection
 from headwater.testing.proc_tree import tree_pids
-from headwater.testing.webhooks import wait_until
+from headwater.testing.waiting import until, wait_until
 
 HOST = "127.0.0.1"
 WORKERS = 2
@@ -210,13 +210,6 @@ async def accepted_soon(c: Running, identity: str) -> None:
         await asyncio.sleep(0.02)
 
 
-async def until(check: Callable[[], object], what: str, timeout: float = EXIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not in {timeout:g} s: {what}"
-        await asyncio.sleep(0.02)
-
-
 def sample(metrics: str, name: str, **labels: str) -> float | None:
     for family in text_string_to_metric_families(metrics):
         for s in family.samples:
@@ -296,7 +289,9 @@ async def load_then_signal(c: Running, ledger: Ledger, sig: signal.Signals) -> t
     acked; back when the server has closed every connection. The batches in flight at the
     signal, and those answered before it."""
     loads = [asyncio.create_task(ws_load(c.port, f"load-{i}", ledger)) for i in range(4)]
-    await until(lambda: len(ledger.acked) >= 100 or any(t.done() for t in loads), "100 acks")
+    await until(
+        lambda: len(ledger.acked) >= 100 or any(t.done() for t in loads), "100 acks", EXIT_S
+    )
     assert not any(t.done() for t in loads), await asyncio.gather(*loads)
     answered = ledger.answered
     c.process.proc.send_signal(sig)
@@ -403,7 +398,7 @@ def test_a_killed_worker_is_replaced(tmp_path: Path) -> None:
         stop = asyncio.Event()
         loads = [asyncio.create_task(rest_load(c.port, f"r{i}", ledger, stop)) for i in range(3)]
         going = lambda n: len(ledger.acked) >= n or any(t.done() for t in loads)  # noqa: E731
-        await until(lambda: going(30), "30 acks before the kill")
+        await until(lambda: going(30), "30 acks before the kill", EXIT_S)
         for i in range(8):
             ledger.send(held, f"held-{i}")
         await held.drain()
@@ -412,9 +407,11 @@ def test_a_killed_worker_is_replaced(tmp_path: Path) -> None:
         while (frame := await held.recv_data(ANSWER_S)) is not None and frame.opcode == OP_BINARY:
             ledger.answer(frame.payload)
         await held.close()
-        await until(lambda: len(p := c.workers()) == WORKERS and victim not in p, "a new worker")
+        await until(
+            lambda: len(p := c.workers()) == WORKERS and victim not in p, "a new worker", EXIT_S
+        )
         await accepted_soon(c, "held")  # the dead worker's connections were released
-        await until(lambda: going(at_kill + 60), "60 acks after the kill")
+        await until(lambda: going(at_kill + 60), "60 acks after the kill", EXIT_S)
         stop.set()
         await asyncio.wait_for(asyncio.gather(*loads), EXIT_S)  # (raises what failed)
         for pid, conns in (await per_worker(c, 1)).items():  # the new worker serves too

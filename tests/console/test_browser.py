@@ -25,13 +25,13 @@ from headwater.config.model import HeadwaterConfig
 from headwater.pipeline.failed import FailedStore
 from headwater.pipeline.runner import Pipeline
 from headwater.testing.browser import screenshot
+from headwater.testing.waiting import wait_until
 from headwater.testing.webhooks import (
     Reply,
     RunningHeadwater,
     post_json,
     running_headwater,
     running_receiver,
-    wait_until,
 )
 from headwater.webhooks.state import Status, open_state
 

@@ -19,7 +19,7 @@ from headwater.cli.main import cli
 from headwater.collector.auth import hash_key
 from headwater.testing.collector import CollectorProcess
 from headwater.testing.tls import CertificateAuthority, self_signed
-from headwater.testing.webhooks import wait_until
+from headwater.testing.waiting import wait_until
 
 TIMEOUT_S = 30.0
 

@@ -42,7 +42,7 @@ from headwater.pipeline.status import (
     resume,
     unhealthy,
 )
-from headwater.testing.webhooks import wait_until
+from headwater.testing.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("no_headwater_env")
 TIMEOUT_S = 60.0

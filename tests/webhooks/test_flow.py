@@ -17,6 +17,7 @@ from headwater.bus import open_bus
 from headwater.cli.main import cli
 from headwater.collector.auth import hash_key
 from headwater.config.model import HeadwaterConfig
+from headwater.testing.waiting import wait_until
 from headwater.testing.webhooks import (
     Receiver,
     Reply,
@@ -24,7 +25,6 @@ from headwater.testing.webhooks import (
     post_json,
     running_headwater,
     running_receiver,
-    wait_until,
 )
 from headwater.webhooks.routing import FROM_SENDER
 from headwater.webhooks.state import Status, open_state

@@ -13,13 +13,13 @@ import pytest
 
 from headwater.collector.auth import hash_key
 from headwater.config.model import HeadwaterConfig
+from headwater.testing.waiting import wait_until
 from headwater.testing.webhooks import (
     Received,
     Reply,
     post_json,
     running_headwater,
     running_receiver,
-    wait_until,
 )
 from headwater.webhooks.delivery import JITTER
 from headwater.webhooks.state import Status, open_state

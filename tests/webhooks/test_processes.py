@@ -30,12 +30,12 @@ from headwater.config.loader import load_config
 from headwater.testing.collector import COLLECTOR_ROLE, CollectorProcess
 from headwater.testing.kafka import KafkaCluster
 from headwater.testing.redis import RedisService
+from headwater.testing.waiting import wait_until
 from headwater.testing.webhooks import (
     Received,
     Reply,
     post_json,
     running_receiver,
-    wait_until,
 )
 from headwater.webhooks.state import StateStore, Status, open_state
 

@@ -91,6 +91,14 @@ each call it opens adds one (flood protection: each of these costs the server wo
 LINGER_S = 2.0
 """How long a connection ended for an error is still read (and what it sends dropped), so that
 the client reads the GOAWAY before the connection closes."""
+CALLS_PER_TURN = 32
+"""Calls one connection may start in one turn of the event loop: the rest of what it sent waits
+for the next turn, so the other connections' frames are read in between (a client sending
+thousands of calls at once, or a rapid reset, delays the others by a slice, not by all of it)."""
+MAX_HANDLING = 64
+"""Calls of one connection in the handler at once: past it, the connection's further frames wait
+unread until one is answered, so no client queues more work ahead of the other clients' calls
+(a rapid reset's calls, each reset as soon as sent, still run: the event may be kept)."""
 IDLE_TIMEOUT_S = 300.0
 """A connection with no call in a handler that sends nothing for this long is closed (GOAWAY)."""
 
@@ -195,6 +203,11 @@ class _Connection(asyncio.Protocol):
         self._flushing = False
         self._going_away = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._turn_calls = 0  # calls started in this turn of the loop
+        self._handling = 0  # calls in the handler
+        self._deferred = False  # frames wait in the buffer: for the next turn, or for a call
+        self._turn_due = False  # the next turn is scheduled
+        self._write_paused = False
 
     # -- the transport ---------------------------------------------------------------------------
 
@@ -217,11 +230,13 @@ class _Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         """The client is not reading what it is sent: read nothing more from it until it does
         (its PINGs and calls would otherwise grow the answers waiting here)."""
+        self._write_paused = True
         if self.transport is not None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.transport is not None:
+        self._write_paused = False
+        if self.transport is not None and not self._deferred:
             self.transport.resume_reading()
 
     def _send(self, data: bytes) -> None:
@@ -297,10 +312,38 @@ class _Connection(asyncio.Protocol):
         if self.transport is None:  # ended (a deadline) with bytes still coming
             return
         self.last_seen = self.server.clock
-        if self._buffer:  # the start of a frame came before
+        if self._deferred:  # read before the pause took: it waits behind the frames buffered
+            self._buffer += data
+            return
+        self._receive(data)
+
+    def call_done(self) -> None:
+        """A call of this connection left the handler: frames waiting for it are handled."""
+        self._handling -= 1
+        if self._deferred and not self._turn_due:
+            self._next_turn_soon()
+
+    def _next_turn_soon(self) -> None:
+        self._turn_due = True
+        assert self._loop is not None
+        self._loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        """Go on with the frames a turn left in the buffer, and read again once they are done."""
+        self._turn_due = False
+        self._deferred = False
+        if self.transport is None:
+            return
+        self._receive(b"")
+        if not self._deferred and not self._write_paused and self.transport is not None:
+            self.transport.resume_reading()
+
+    def _receive(self, data: bytes) -> None:
+        if self._buffer:  # the start of a frame came before, or a turn's frames were left
             self._buffer += data
             data = bytes(self._buffer)
             self._buffer.clear()
+        self._turn_calls = 0
         try:
             end = self._frames(data)
         except h2.ConnectionFailure as failure:
@@ -312,6 +355,13 @@ class _Connection(asyncio.Protocol):
             return
         if end < len(data):
             self._buffer += memoryview(data)[end:]
+            if self.transport is not None and (
+                self._turn_calls >= CALLS_PER_TURN or self._handling >= MAX_HANDLING
+            ):
+                self._deferred = True
+                self.transport.pause_reading()
+                if self._handling < MAX_HANDLING:  # else the next call answered resumes it
+                    self._next_turn_soon()
 
     def _frames(self, buffer: bytes) -> int:
         """Handle each whole frame in ``buffer``; returns how many bytes they took."""
@@ -327,7 +377,11 @@ class _Connection(asyncio.Protocol):
             pos = len(h2.PREFACE)
         size = len(buffer)
         unpack = h2.FRAME_HEAD.unpack_from
-        while size - pos >= h2.FRAME_HEAD_SIZE:
+        while (
+            size - pos >= h2.FRAME_HEAD_SIZE
+            and self._turn_calls < CALLS_PER_TURN
+            and self._handling < MAX_HANDLING
+        ):
             high, low, kind, flags, stream = unpack(buffer, pos)
             length = high << 8 | low
             if length > MAX_FRAME:
@@ -664,6 +718,8 @@ class _Connection(asyncio.Protocol):
             if not inflate.eof:
                 self.answer(s, status=(INTERNAL, "the compressed message is cut off"))
                 return
+        self._turn_calls += 1
+        self._handling += 1
         self.server.start_call(self, s, message)
 
     # -- answers out -----------------------------------------------------------------------------
@@ -862,6 +918,8 @@ class GrpcServer:
         except Exception:
             log.exception("SendEvent from %s failed", connection.peer or "?")
             response = raccoon.error_response_bytes(_INTERNAL)
+        finally:
+            connection.call_done()
         connection.answer(s, response, None)
 
     async def stop(self, grace: float) -> None:

@@ -330,15 +330,3 @@ def _answer(request: object, timeout: float) -> tuple[int, dict[str, object]]:
     except urllib.error.HTTPError as e:
         with e:
             return e.code, json.loads(e.read() or b"{}")
-
-
-def wait_until(check: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
-    """``check()``'s first truthy answer, looked for every 20 ms until ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not in {timeout:g} s: {what}")
-        time.sleep(0.02)
