@@ -10,6 +10,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from headwater.config.base import Identifier, Section, require_unique_ids
+from headwater.pipeline.contracts import ContractConfig
+from headwater.pipeline.enrichment_config import EnrichmentRule
 from headwater.transport.functions import FunctionConfig
 
 DESTINATION_TYPES = (
@@ -61,12 +63,6 @@ class MappingConfig(Section):
     fields: list[MappingField] = Field(default_factory=list, description="Rules, in order.")
 
 
-class EnrichmentRule(Section):
-    name: Literal["ip_lookup", "user_agent_parse"] = Field(description="Which lookup to run.")
-    src: str = Field(description="JSON path of the input (an IP address or a user agent).")
-    dst: str = Field(description="JSON path where the result object goes.")
-
-
 class DestinationConfig(Section):
     id: Identifier = Field(description="Names the destination: its query, checkpoint and ledger.")
     type: str = Field(description=f"One of: {', '.join(DESTINATION_TYPES)}.")
@@ -95,7 +91,14 @@ class DestinationConfig(Section):
     )
     mapping: MappingConfig = Field(default_factory=MappingConfig, description="Mapping rules.")
     enrichment: list[EnrichmentRule] = Field(
-        default_factory=list, description="Lookup rules (ip_lookup, user_agent_parse)."
+        default_factory=list,
+        description="Enrichments by name, run in a fixed order (docs/shaping.md): ip_lookup, "
+        "user_agent_parse, and the others there.",
+    )
+    contracts: dict[str, ContractConfig] = Field(
+        default_factory=dict,
+        description='Event type -> JSON Schema file and mode; "*" for types with no contract '
+        "(docs/shaping.md).",
     )
     path: Path | None = Field(
         None, description="duckdb: database file; clickhouse (chdb): data folder; files: folder."
@@ -119,8 +122,9 @@ class DestinationConfig(Section):
     )
     functions: list[FunctionConfig] = Field(
         default_factory=list,
-        description="apply: upsert: transform functions run on each message, in order (pick, "
-        "omit, rename, skip, filter, python; docs/transport.md).",
+        description="Functions run on each event (append: pick, omit, rename, filter, sql, "
+        "python; docs/shaping.md) or message (apply: upsert: pick, omit, rename, skip, filter, "
+        "python; docs/transport.md), in order.",
     )
     mirror_table: str = Field(
         "{table}",

@@ -23,7 +23,7 @@ from headwater.bus import context
 from headwater.errors import ConfigError
 from headwater.pipeline import sql
 from headwater.pipeline.columns import header, pointer_parts
-from headwater.pipeline.config import EnrichmentRule
+from headwater.pipeline.enrichment_config import EnrichmentRule
 from headwater.pipeline.fields import BOOLEAN, DOUBLE, TEXT, Field, Fields, as_text, set_subtree
 from headwater.pipeline.shape import BOOL, FLOAT64, STRING
 from headwater.pipeline.steps import lookup
