@@ -149,8 +149,10 @@ def plan(
     shape = knowledge.shape
     fields = decode.fields(shape)
     fields = context.enrich(fields)
-    fields, lookups = lookup_rules.apply(fields, list(config.enrichment), pipeline.geoip_database)
+    enriched = lookup_rules.apply(fields, list(config.enrichment), pipeline.geoip_database)
+    fields, lookups = enriched.fields, enriched.lookups
     route = routing.route(fields, config.table_name_template)
+    route = routing.unless(route, [d.condition for d in enriched.drops])
     fields = mapping.apply(fields, config.mapping)
     tables = _plan_tables(knowledge, fields, config, destination)
 
@@ -202,6 +204,7 @@ def plan(
         headers=headers,
         functions=sorted({c.function for c in lookups}),
         geoip_database=str(pipeline.geoip_database) if pipeline.geoip_database else None,
+        settings=enriched.settings,
         protobuf={t: m.to_json() for t, m in protobuf.items()},
         tables={tp.schema.name: [list(c) for c in tp.columns] for tp in tables.values()},
     )

@@ -7,7 +7,8 @@ options.
   usual one met malformed JSON);
 - ``learn_sql``: over novel rows only, per routed table, which planned fields had a value
   (``learn_fields``, in order);
-- ``headers``: the record headers the query reads; ``functions``: the lookup functions it calls;
+- ``headers``: the record headers the query reads; ``functions``: the lookup functions it calls,
+  ``settings`` what they need (``lookup.register``);
   ``protobuf``: event type -> message type, decoded before the query;
 - ``tables``: per target table, its ``[column, output column]`` pairs.
 """
@@ -44,6 +45,7 @@ class Program:
     headers: list[str]
     functions: list[str] = field(default_factory=list)
     geoip_database: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
     protobuf: dict[str, dict[str, str]] = field(default_factory=dict)
     tables: dict[str, list[list[str]]] = field(default_factory=dict)
 

@@ -237,7 +237,7 @@ class Engine:
         if program.functions:
             from headwater.pipeline.steps import lookup
 
-            lookup.register(self.con, program.geoip_database)
+            lookup.register(self.con, program.geoip_database, program.settings)
         self._aside: Any = None
 
     def stream(

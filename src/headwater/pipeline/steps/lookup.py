@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -169,9 +169,11 @@ def _agent_of(value: Any) -> Row | None:
     return parse_agent(value) if isinstance(value, str) else None
 
 
-def register(con: Any, geoip_database: str | None) -> None:
+def register(
+    con: Any, geoip_database: str | None, settings: Mapping[str, Any] | None = None
+) -> None:
     """Make ``hw_user_agent(text)`` and, with a database, ``hw_geo(text)`` callable on the
-    DuckDB connection ``con``."""
+    DuckDB connection ``con`` (``settings``: what the enrichments planned need)."""
     con.create_function(
         USER_AGENT_FUNCTION,
         lambda agents: map_distinct(agents, _agent_of, USER_AGENT),

@@ -14,8 +14,9 @@ found nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -39,6 +40,26 @@ _FORMS = {pa.string(): (TEXT, STRING), pa.float64(): (DOUBLE, FLOAT64), pa.bool_
 
 
 @dataclass(frozen=True)
+class Drop:
+    """Events an enrichment discards (counted as skipped): where ``condition`` (SQL) is true."""
+
+    condition: str
+    what: str  # names the enrichment, for the docs and the log
+
+
+@dataclass
+class Enriched:
+    """What the enrichments make of the fields: the fields after them, the lookup calls they
+    read (in order), the events they discard, and the settings the task's functions need
+    (plain JSON data: it travels in the program)."""
+
+    fields: Fields
+    lookups: list[Lookup]
+    drops: list[Drop] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Lookup:
     """One lookup call per event: ``column := function(argument)``."""
 
@@ -55,9 +76,7 @@ def is_javascript() -> str:
     )
 
 
-def apply(
-    fields: Fields, rules: list[EnrichmentRule], geoip_database: Path | None
-) -> tuple[Fields, list[Lookup]]:
+def apply(fields: Fields, rules: list[EnrichmentRule], geoip_database: Path | None) -> Enriched:
     """``fields`` with every rule's result, and the lookup calls they read (in order: a rule
     may read what an earlier one wrote)."""
     calls: list[Lookup] = []
@@ -87,4 +106,4 @@ def apply(
             path = (*dst, name)
             result[(name,)] = Field(path, f"{column}.{sql.ident(name)}", form, frozenset({kind}))
         fields = set_subtree(fields, dst, result, f"({column} IS NOT NULL)")
-    return fields, calls
+    return Enriched(fields, calls)

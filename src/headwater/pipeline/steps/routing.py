@@ -33,3 +33,16 @@ def route(fields: Fields, table_name_template: str) -> Route:
         failed = failure(STEP, TEMPLATE_FAILED, compiled.error)
         error = f"CASE WHEN {compiled.error} IS NOT NULL THEN {failed} END"
     return Route(compiled.name, error, compiled.headers)
+
+
+def unless(route: Route, discarded: list[str]) -> Route:
+    """``route`` sending the events where any of the ``discarded`` conditions (SQL) holds to no
+    table (skipped, as by an empty name), and failing none of them."""
+    if not discarded:
+        return route
+    dropped = sql.any_of(f"COALESCE({c}, false)" for c in discarded)
+    return Route(
+        f"CASE WHEN {dropped} THEN '' ELSE {route.name} END",
+        f"CASE WHEN {dropped} THEN NULL ELSE {route.error} END",
+        route.headers,
+    )
