@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 import types
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -143,6 +144,10 @@ def read_config(
         data, root = _read_yaml(file, display or "")
 
     env_paths = _apply_env(data, os.environ if env is None else env, issues)
+    if file is not None:  # Python functions may be modules beside the config
+        folder = str(file.parent.absolute())
+        if folder not in sys.path:
+            sys.path.append(folder)
 
     config: HeadwaterConfig | None = None
     try:
@@ -598,12 +603,36 @@ def _resolve_paths(
             resolved = _resolve_paths(value, here, file_base, cwd, env_paths)
             if resolved is not value:
                 updates[name] = resolved
+        elif isinstance(value, dict | list):  # sections by name or in a list
+            each = _resolve_each(value, here, file_base, cwd, env_paths)
+            if each is not value:
+                updates[name] = each
         elif isinstance(value, Path) and _has_path(info.annotation):
             base = cwd if _env_origin(here, env_paths) is not None else file_base
             absolute = _absolute(value, base)
             if absolute != value:
                 updates[name] = absolute
     return model.model_copy(update=updates) if updates else model
+
+
+def _resolve_each(
+    values: dict[Any, Any] | list[Any],
+    path: KeyPath,
+    file_base: Path,
+    cwd: Path,
+    env_paths: Mapping[KeyPath, str],
+) -> dict[Any, Any] | list[Any]:
+    """``_resolve_paths`` over the sections of a mapping or a list; ``values`` if none changed."""
+    pairs = list(values.items() if isinstance(values, dict) else enumerate(values))
+    done = [
+        (k, _resolve_paths(v, (*path, str(k)), file_base, cwd, env_paths))
+        if isinstance(v, BaseModel)
+        else (k, v)
+        for k, v in pairs
+    ]
+    if all(new is old for (_, new), (_, old) in zip(done, pairs, strict=True)):
+        return values
+    return dict(done) if isinstance(values, dict) else [v for _, v in done]
 
 
 def _absolute(value: Path, base: Path) -> Path:

@@ -9,7 +9,10 @@ offset, timestamp, timestampType, headers``) into the program's *input* relation
 - ``_hw_utf8``: the value as text when it is valid UTF-8 (else NULL);
 - ``_hw_order``: the row's place in the batch (partition, then offset);
 - one column per record header a step reads (``header(name)``);
-- ``_hw_proto_json`` and ``_hw_proto_error`` when protobuf types are registered.
+- ``_hw_proto_json`` and ``_hw_proto_error`` when protobuf types are registered;
+- ``_hw_shape_error`` when contracts or Python functions run before the query
+  (``headwater.pipeline.shaping``: they may also change an event's text, drop its row, or make
+  several rows of it).
 
 The program's output has, per row: ``_hw_table`` (the normalised target table; "" for rows
 skipped, failed or of tables not known yet), ``_hw_error`` (``struct(step, code, reason)`` or
@@ -30,6 +33,7 @@ ORDER = ORDER_COLUMN
 SESSION = SESSION_COLUMN  # the row's session key, when the source frame has one (else NULL)
 PROTO_JSON = "_hw_proto_json"
 PROTO_ERROR = "_hw_proto_error"
+SHAPE_ERROR = "_hw_shape_error"  # why contracts or a Python function failed the event
 JSON_TEXT = "_hw_json"  # the event as JSON text (decode)
 PARSED = "_hw_e"  # the event parsed against the shape: a struct
 ERROR = "_hw_error"

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from headwater.config.base import Identifier, Section, require_unique_ids
-from headwater.pipeline.contracts import ContractConfig
+from headwater.pipeline.contracts import ContractMap
 from headwater.pipeline.enrichment_config import EnrichmentRule
 from headwater.transport.functions import FunctionConfig
 
@@ -95,7 +95,7 @@ class DestinationConfig(Section):
         description="Enrichments by name, run in a fixed order (docs/shaping.md): ip_lookup, "
         "user_agent_parse, and the others there.",
     )
-    contracts: dict[str, ContractConfig] = Field(
+    contracts: ContractMap = Field(
         default_factory=dict,
         description='Event type -> JSON Schema file and mode; "*" for types with no contract '
         "(docs/shaping.md).",
@@ -172,6 +172,7 @@ class DestinationConfig(Section):
             raise ValueError(
                 f"apply: upsert needs a {' or '.join(MIRROR_TYPES)} destination, not {self.type}"
             )
+        self._check_functions()
         if self.type == "http":
             from headwater.delivery.config import HttpDeliveryConfig
 
@@ -180,6 +181,32 @@ class DestinationConfig(Section):
             except ValueError as e:
                 raise ValueError(f"an http destination's options: {e}") from None
         return self
+
+    def _check_functions(self) -> None:
+        names = [f.name for f in self.functions]
+        if self.apply == "upsert":
+            if "sql" in names:
+                raise ValueError("functions: sql runs on events, not on an apply: upsert mirror")
+            return
+        if "skip" in names:
+            raise ValueError(
+                "functions: skip compares transport message fields; on events use filter "
+                "(a DuckDB SQL condition over the event's fields)"
+            )
+        from headwater.pipeline.steps.functions import FunctionExpressionError, check
+
+        for f in self.functions:
+            if f.name in ("sql", "filter"):
+                try:
+                    check(f.expression, f.label)
+                except FunctionExpressionError as e:
+                    raise ValueError(f"functions: {e.message}") from None
+        python = [i for i, n in enumerate(names) if n == "python"]
+        if python and python[-1] != len(python) - 1:
+            raise ValueError(
+                "functions: python functions run first, on each event as it came (before the "
+                "enrichments and the other functions): list them before the others"
+            )
 
 
 class SparkConfig(Section):

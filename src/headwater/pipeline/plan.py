@@ -35,6 +35,7 @@ from headwater.destinations.base import (
     TableSchema,
 )
 from headwater.pipeline import shape as sh
+from headwater.pipeline import shaping as shaping_steps
 from headwater.pipeline import sql
 from headwater.pipeline.columns import (
     ERROR,
@@ -45,13 +46,14 @@ from headwater.pipeline.columns import (
     PARSED,
     ROUTED,
     ROW,
+    SHAPE_ERROR,
     TABLE,
     failure,
 )
 from headwater.pipeline.config import DestinationConfig, PipelineConfig
 from headwater.pipeline.fields import Field, Fields, any_present, as_json, present
 from headwater.pipeline.program import LEARN_ROUTED, Program
-from headwater.pipeline.steps import context, decode, lookup_rules, mapping, routing
+from headwater.pipeline.steps import context, decode, functions, lookup_rules, mapping, routing
 from headwater.pipeline.steps.protobuf import load_types
 from headwater.pipeline.steps.typing import ColumnPlan, column_value, plan_columns
 
@@ -151,8 +153,11 @@ def plan(
     fields = context.enrich(fields)
     enriched = lookup_rules.apply(fields, list(config.enrichment), pipeline.geoip_database)
     fields, lookups = enriched.fields, enriched.lookups
+    applied = functions.apply(fields, config.functions if config.apply == "append" else [])
+    fields = applied.fields
     route = routing.route(fields, config.table_name_template)
-    route = routing.unless(route, [d.condition for d in enriched.drops])
+    route = routing.unless(route, [d.condition for d in enriched.drops] + applied.drops)
+    shaping = _shaping(config)
     fields = mapping.apply(fields, config.mapping)
     tables = _plan_tables(knowledge, fields, config, destination)
 
@@ -168,11 +173,12 @@ def plan(
                 f"SELECT *, {call.function}({call.argument}) AS {sql.ident(call.column)}"
                 for call in lookups
             ],
+            *applied.stages,
             f"SELECT *, {route.name} AS {sql.ident(_ROUTE)}, {route.error} AS {sql.ident(_RERR)}",
         ]
 
     last = (
-        f"SELECT *, {_error(tables, destination)} AS {sql.ident(ERROR)}, "
+        f"SELECT *, {_error(tables, destination, bool(shaping))} AS {sql.ident(ERROR)}, "
         f"{_novel(shape, knowledge, fields, destination)} AS {sql.ident(NOVEL)}"
     )
     outputs = _outputs(tables, fields, destination)
@@ -194,6 +200,7 @@ def plan(
             *context.HEADERS,
             *(lookup_rules.HEADERS if lookups else ()),
             *route.headers,
+            *(shaping_steps.headers_read(shaping) if shaping else ()),
         }
     )
     program = Program(
@@ -205,10 +212,25 @@ def plan(
         functions=sorted({c.function for c in lookups}),
         geoip_database=str(pipeline.geoip_database) if pipeline.geoip_database else None,
         settings=enriched.settings,
+        shaping=json.dumps(shaping) if shaping else "",
         protobuf={t: m.to_json() for t, m in protobuf.items()},
         tables={tp.schema.name: [list(c) for c in tp.columns] for tp in tables.values()},
     )
     return BatchPlan(program, tables)
+
+
+def _shaping(config: DestinationConfig) -> dict[str, Any]:
+    """What runs before the query (contracts, Python functions), as the program carries it;
+    empty when nothing does."""
+    python = [f.function for f in config.functions if f.name == "python"]
+    if config.apply != "append" or not (python or config.contracts):
+        return {}
+    contracts: dict[str, Any] = {}
+    if config.contracts:
+        from headwater.pipeline.contracts import contracts_spec
+
+        contracts = contracts_spec(config.contracts)
+    return shaping_steps.spec(python, contracts, shaping_steps.import_roots(python))
 
 
 def _query(stages: list[str], outputs: str, where: str = "") -> str:
@@ -255,8 +277,10 @@ def _routed() -> str:
     return sql.ident(_ROUTE)
 
 
-def _error(tables: Mapping[str, TablePlan], destination: Destination) -> str:
+def _error(tables: Mapping[str, TablePlan], destination: Destination, shaped: bool) -> str:
     parts = [sql.ident(_DERR), sql.ident(_RERR)]
+    if shaped:  # contracts and Python functions judged first
+        parts.insert(0, sql.ident(SHAPE_ERROR))
     null_keys = []
     for tp in tables.values():
         pk = tp.schema.primary_key

@@ -10,6 +10,8 @@ options.
 - ``headers``: the record headers the query reads; ``functions``: the lookup functions it calls,
   ``settings`` what they need (``lookup.register``);
   ``protobuf``: event type -> message type, decoded before the query;
+- ``shaping``: the contracts and Python functions run over the input before the query
+  (``headwater.pipeline.shaping``), empty when there are none;
 - ``tables``: per target table, its ``[column, output column]`` pairs.
 """
 
@@ -46,6 +48,7 @@ class Program:
     functions: list[str] = field(default_factory=list)
     geoip_database: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    shaping: str = ""  # JSON: contracts and Python functions run before the query (shaping.spec)
     protobuf: dict[str, dict[str, str]] = field(default_factory=dict)
     tables: dict[str, list[list[str]]] = field(default_factory=dict)
 

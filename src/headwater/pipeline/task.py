@@ -61,6 +61,7 @@ from headwater.pipeline.program import (
     Program,
     check_mode,
 )
+from headwater.pipeline.shaping import Shaper
 from headwater.pipeline.timing import timed
 
 MALFORMED = "Malformed JSON"
@@ -71,6 +72,7 @@ class Summary:
     rows: int = 0
     tables: dict[str, int] = field(default_factory=dict)  # target table -> rows
     skipped: int = 0  # routed to no table
+    dropped: int = 0  # dropped by a Python function (before the query: not in rows)
     failed: int = 0  # failed by a step (the novel ones included)
     novel: int = 0
     novel_failed: int = 0
@@ -87,6 +89,7 @@ class Summary:
         for t, n in other.tables.items():
             self.tables[t] = self.tables.get(t, 0) + n
         self.skipped += other.skipped
+        self.dropped += other.dropped
         self.failed += other.failed
         self.novel += other.novel
         self.novel_failed += other.novel_failed
@@ -105,6 +108,7 @@ class Summary:
             "rows": self.rows,
             "tables": self.tables,
             "skipped": self.skipped,
+            "dropped": self.dropped,
             "failed": self.failed,
             "novel": self.novel,
             "novel_failed": self.novel_failed,
@@ -123,6 +127,7 @@ class Summary:
             rows=int(data["rows"]),
             tables={str(t): int(n) for t, n in data["tables"].items()},
             skipped=int(data["skipped"]),
+            dropped=int(data.get("dropped", 0)),
             failed=int(data["failed"]),
             novel=int(data["novel"]),
             novel_failed=int(data["novel_failed"]),
@@ -396,10 +401,18 @@ class TaskRun:
             self._held.popleft()
 
     def _held_rows(self, rows: pa.ChunkedArray | pa.Array, which: str) -> pa.Table:
-        """The held input (``inp``) or source (``source``) rows numbered ``rows``."""
+        """The held input (``inp``) or source (``source``: each input row's record) rows
+        numbered ``rows``."""
         held = list(self._held)
-        whole = pa.Table.from_batches([getattr(h, which) for h in held])
-        return whole.take(pc.subtract(rows, held[0].first))
+        at = pc.subtract(rows, held[0].first)
+        if which == "inp":
+            return pa.Table.from_batches([h.inp for h in held]).take(at)
+        origins, base = [], 0
+        for h in held:
+            origins.append(h.origin + base)
+            base += h.source.num_rows
+        index = np.concatenate(origins)[np.asarray(at, dtype=np.int64)]
+        return pa.Table.from_batches([h.source for h in held]).take(pa.array(index))
 
     def _places(self, rows: pa.ChunkedArray | pa.Array) -> pa.Table:
         """Topic, partition and offset of the held source rows numbered ``rows``."""
@@ -439,11 +452,13 @@ class TaskRun:
 
 @dataclass(frozen=True)
 class _Held:
-    """An input batch the query has read: its records and the program's input for them."""
+    """An input batch the query has read: its records and the program's input for them (a
+    row per record, or, after the Python steps, rows for some records, one or several)."""
 
     first: int  # the number (ROW) of its first row
     source: pa.RecordBatch
     inp: pa.RecordBatch
+    origin: np.ndarray  # per input row, its record's place in ``source``
 
     @property
     def end(self) -> int:
@@ -452,7 +467,7 @@ class _Held:
     def after(self, row: int) -> _Held:
         """The rows from ``row`` on."""
         skip = min(max(row - self.first, 0), self.inp.num_rows)
-        return _Held(self.first + skip, self.source.slice(skip), self.inp.slice(skip))
+        return _Held(self.first + skip, self.source, self.inp.slice(skip), self.origin[skip:])
 
 
 class _Inputs:
@@ -513,13 +528,27 @@ class _Inputs:
                     table = input_table(
                         pa.Table.from_batches([source]), self.run.program, self.next_row
                     )
+                origin = np.arange(source.num_rows, dtype=np.int64)
+                if self.run.program.shaping:
+                    with summary.phase("shape"):
+                        shaped = Shaper.for_spec(self.run.program.shaping).shape(table)
+                    summary.dropped += shaped.dropped
+                    origin = shaped.origin
+                    table = shaped.table.set_column(
+                        shaped.table.column_names.index(ROW),
+                        ROW,
+                        pa.array(np.arange(self.next_row, self.next_row + len(origin))),
+                    )
+                    if not table.num_rows:
+                        continue
+                with summary.phase("input"):
                     inp = table.combine_chunks().to_batches()[0]
                     if self.schema is None:
                         self.schema = inp.schema
                     elif inp.schema != self.schema:
                         inp = inp.cast(self.schema)
-                self.run._held.append(_Held(self.next_row, source, inp))
-                self.next_row += source.num_rows
+                self.run._held.append(_Held(self.next_row, source, inp, origin))
+                self.next_row += inp.num_rows
                 self.ready.append(inp)
         except BaseException as exc:
             self.error = exc

@@ -235,9 +235,9 @@ class FilterFunction(Section):
     name: Literal["filter"]
     expression: str = Field(
         min_length=1,
-        description="A Spark SQL boolean expression over op, namespace, mode, position, ts, "
-        "schema, unchanged, and key, data, before (maps of column to text); the message is "
-        "kept where it is true.",
+        description="A boolean expression: on transport messages (apply: upsert) Spark SQL over "
+        "op, namespace, mode, position, ts, schema, unchanged, and key, data, before (maps of "
+        "column to text); on events DuckDB SQL over their fields. Kept where it is true.",
     )
 
     @field_validator("expression")
@@ -256,6 +256,28 @@ class FilterFunction(Section):
         raise FunctionConfigError(
             f"function {self.label} is a Spark SQL expression: it runs in apply_to_frame, "
             "not on one message in Python"
+        )
+
+
+class SqlFunction(Section):
+    name: Literal["sql"]
+    field: str = Field(
+        min_length=1, description="Event destinations: the JSON path of the field set, /a/b."
+    )
+    expression: str = Field(
+        min_length=1,
+        description="A DuckDB SQL expression over the event's fields (properties.revenue * "
+        "1.1); its value is the field's.",
+    )
+
+    @property
+    def label(self) -> str:
+        return f"sql {self.field} = {self.expression!r}"
+
+    def apply(self, message: Message) -> Message | None:
+        """Not available on transport messages: it runs in an event destination's query."""
+        raise FunctionConfigError(
+            f"function {self.label} runs in an event destination's query, not on transport messages"
         )
 
 
@@ -307,7 +329,13 @@ class PythonFunction(Section):
 
 
 FunctionConfig = Annotated[
-    PickFunction | OmitFunction | RenameFunction | SkipFunction | FilterFunction | PythonFunction,
+    PickFunction
+    | OmitFunction
+    | RenameFunction
+    | SkipFunction
+    | FilterFunction
+    | SqlFunction
+    | PythonFunction,
     Field(discriminator="name"),
 ]
 _FUNCTIONS: TypeAdapter[list[FunctionConfig]] = TypeAdapter(list[FunctionConfig])
