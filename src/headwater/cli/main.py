@@ -15,6 +15,7 @@ from headwater.cli.context import (
     role_options,
     run_server_role,
 )
+from headwater.cli.contracts_cmds import contracts_group
 from headwater.cli.failed_cmds import failed_group
 from headwater.cli.log_cmds import log_group
 from headwater.cli.logs import setup_logging
@@ -62,6 +63,7 @@ def cli() -> None:
 cli.add_command(config_group)
 cli.add_command(log_group)
 cli.add_command(failed_group)
+cli.add_command(contracts_group)
 cli.add_command(pipeline_cmd)
 cli.add_command(sql_cmd)
 cli.add_command(webhooks_group)
