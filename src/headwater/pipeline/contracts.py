@@ -54,6 +54,8 @@ Action = Literal["pass", "warn", "reject"]
 
 
 class ContractConfig(Section):
+    """One entry of a destination's ``contracts:``: a schema file and a mode."""
+
     schema_: Path | None = Field(
         None, alias="schema", description="A JSON Schema (draft 2020-12) file, beside the config."
     )
