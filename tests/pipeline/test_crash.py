@@ -27,6 +27,7 @@ import yaml
 
 from headwater.bus import context, open_bus
 from headwater.bus.records import Message
+from headwater.config.loader import load_config
 from headwater.config.model import HeadwaterConfig
 
 FIRST = 1200  # events on the log before the first start
@@ -35,8 +36,18 @@ KILLS = 10
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def write_config(tmp_path: Path) -> Path:
+FANOUT = """\
+def triple(event):
+    return [dict(event, part=k) for k in range(3)]
+"""
+
+
+def write_config(tmp_path: Path, fan_out: bool = False) -> Path:
     path = tmp_path / "headwater.yaml"
+    functions = []
+    if fan_out:  # a module beside the config, as a user keeps one
+        (tmp_path / "fan_out.py").write_text(FANOUT)
+        functions = [{"name": "python", "function": "fan_out:triple"}]
     config = {
         "data_dir": str(tmp_path / "data"),
         "bus": {"embedded": {"default_partitions": 2}},
@@ -49,6 +60,7 @@ def write_config(tmp_path: Path) -> Path:
                     "mode": "stream",
                     "trigger_interval_s": 0,
                     "max_records_per_trigger": 300,
+                    "functions": functions,
                 }
             ],
         },
@@ -123,14 +135,20 @@ def counts(config: HeadwaterConfig) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def test_sigkilled_pipeline_writes_each_event_exactly_once(tmp_path: Path) -> None:
-    config_file = write_config(tmp_path)
-    config = HeadwaterConfig.model_validate(yaml.safe_load(config_file.read_text()))
+@pytest.mark.parametrize(
+    ("fan_out", "kills"), [(False, KILLS), (True, 3)], ids=["plain", "fan-out"]
+)
+def test_sigkilled_pipeline_writes_each_event_exactly_once(
+    tmp_path: Path, fan_out: bool, kills: int
+) -> None:
+    """With fan_out, a Python function makes three events of each: each of those once too."""
+    config_file = write_config(tmp_path, fan_out)
+    config = load_config(config_file)
     fill_log(config, 0, FIRST)
     total = FIRST
     rng = random.Random(4)
     progress = []
-    for _ in range(KILLS):
+    for _ in range(kills):
         kill_while_writing(config_file, rng)
         rows, distinct = counts(config)
         assert rows == distinct, f"{rows - distinct} duplicate rows after a kill"
@@ -142,4 +160,5 @@ def test_sigkilled_pipeline_writes_each_event_exactly_once(tmp_path: Path) -> No
     done = pipeline(config_file, "--once")
     _, err = done.communicate(timeout=300)
     assert done.returncode == 0, err.decode()[-3000:]
-    assert counts(config) == (total, total)
+    made = 3 * total if fan_out else total
+    assert counts(config) == (made, made)

@@ -37,6 +37,15 @@ class HeadwaterConfig(Section):
         default_factory=ConsoleConfig, description="The operator console (a web site)."
     )
 
+    @classmethod
+    def from_trusted_json(cls, text: str | bytes) -> HeadwaterConfig:
+        """A config validated where it was loaded, passed on as JSON (to Spark's workers):
+        validated again, but its Python functions are not imported here (the program says
+        where the workers find them)."""
+        from headwater.transport.functions import IMPORTS
+
+        return cls.model_validate_json(text, context={IMPORTS: False})
+
     def log_dir(self) -> Path:
         """Where the embedded log lives."""
         return self.bus.embedded.path or self.data_dir / "log"

@@ -75,7 +75,7 @@ def destination_for(config_json: str, destination_id: str) -> Destination:
     with _destinations_lock:
         dest = _destinations.get(key)
         if dest is None:
-            config = HeadwaterConfig.model_validate_json(config_json)
+            config = HeadwaterConfig.from_trusted_json(config_json)
             dest = open_destination(destination_config(config, destination_id), config.data_dir)
             _destinations[key] = dest
         return dest
@@ -159,7 +159,7 @@ class SinkWriter:
 
         def fail(events: list[FailedEvent]) -> None:
             if not store:
-                store.append(FailedStore(HeadwaterConfig.model_validate_json(opts.config_json)))
+                store.append(FailedStore(HeadwaterConfig.from_trusted_json(opts.config_json)))
             store[0].append(events)
 
         run = TaskRun(
@@ -277,7 +277,7 @@ class Buses:
         if bus not in self.configs:
             from headwater.config.model import HeadwaterConfig
 
-            config = HeadwaterConfig.model_validate_json(self.config_json)
+            config = HeadwaterConfig.from_trusted_json(self.config_json)
             on = config if bus == MAIN_BUS else failed_config(config)
             self.configs[bus] = on.model_dump_json()
         end = row["end"] if limit is None else min(row["end"], row["start"] + limit)

@@ -58,7 +58,7 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import orjson
-from pydantic import Field, TypeAdapter, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationInfo, field_validator, model_validator
 
 from headwater.config.base import Section
 from headwater.errors import ConfigError, TerminalError
@@ -78,6 +78,7 @@ _SCALAR_FIELDS = frozenset({"op", "ts", "namespace", "position"})
 _ROW_FIELDS = frozenset({"data", "key", "before"})
 _OPS = frozenset(op.value for op in Op)
 _RECORD = "__hw_record"
+IMPORTS = "imports"  # a validation context key: False, Python functions are not imported
 _MESSAGE_DDL = (
     "op string, ts long, namespace string, position string, schema int, "
     "unchanged array<string>, key map<string,string>, data map<string,string>, "
@@ -290,7 +291,9 @@ class PythonFunction(Section):
 
     @field_validator("function")
     @classmethod
-    def _importable(cls, v: str) -> str:
+    def _importable(cls, v: str, info: ValidationInfo) -> str:
+        if info.context and info.context.get(IMPORTS) is False:
+            return v  # a config checked where it was loaded, read again in a Spark worker
         try:
             load_function(v)
         except FunctionConfigError as e:

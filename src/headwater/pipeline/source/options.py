@@ -64,7 +64,7 @@ class SourceOptions:
 
     @property
     def config(self) -> HeadwaterConfig:
-        return HeadwaterConfig.model_validate_json(self.config_json)
+        return HeadwaterConfig.from_trusted_json(self.config_json)
 
 
 def _positive(options: Mapping[str, str], name: str, default: int | None) -> int | None:
@@ -107,7 +107,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     if not config_json:
         raise ConfigError('the headwater source needs option "config" (HeadwaterConfig as JSON)')
     try:
-        config = HeadwaterConfig.model_validate_json(config_json)
+        config = HeadwaterConfig.from_trusted_json(config_json)
     except ValueError as e:
         raise ConfigError(f"option config is not a valid headwater config: {e}") from None
     topics_raw, pattern = opts.get("topics"), opts.get("topicpattern")
@@ -149,7 +149,7 @@ def _also(raw: str | None) -> tuple[Feed, ...]:
         feeds = json.loads(raw)
         out = []
         for f in feeds:
-            config = HeadwaterConfig.model_validate(f["config"])
+            config = HeadwaterConfig.from_trusted_json(json.dumps(f["config"]))
             topics = [str(t) for t in f["topics"]]
             internal = frozenset({config.pipeline.failed_topic})
             out.append(Feed(config.model_dump_json(), topics, None, str(f["busName"]), internal))
