@@ -41,7 +41,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlparse
 
 import orjson
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from headwater.config.base import Section
 from headwater.errors import ConfigError
@@ -55,6 +55,8 @@ Action = Literal["pass", "warn", "reject"]
 
 class ContractConfig(Section):
     """One entry of a destination's ``contracts:``: a schema file and a mode."""
+
+    model_config = ConfigDict(**Section.model_config, populate_by_name=True)  # schema_ in JSON
 
     schema_: Path | None = Field(
         None, alias="schema", description="A JSON Schema (draft 2020-12) file, beside the config."
