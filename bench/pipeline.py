@@ -312,6 +312,8 @@ def run_batch(
     config = HeadwaterConfig.model_validate(config_for(directory, "batch", [destination], bus=bus))
     pipeline = Pipeline(config, spark)
     name = destination["type"] + from_label(bus)
+    if destination["id"] == "shaped":
+        name += " shaped"
     progress(f"batch mode: {n:,} events into {name} with Trigger.AvailableNow")
     with TreeRss(exclude=exclude) as rss:
         t0 = time.perf_counter()
@@ -563,6 +565,7 @@ SKIPS: tuple[tuple[str, str | None], ...] = (
     ("--skip-postgres", None),
     ("--skip-naive", None),
     ("--skip-small-batches", "no second DuckDB run in micro-batches of a quarter of the events"),
+    ("--skip-shaped", "no DuckDB run with functions, contracts and enrichments"),
     ("--skip-fixed", None),
     ("--skip-stream", None),
 )
@@ -585,7 +588,7 @@ def main() -> None:
     if args.bus == "kafka":  # the comparison alone: the other cases read the embedded log only
         if args.skip_batch:
             parser.error("--bus kafka measures the batch mode: drop --skip-batch")
-        args.skip_postgres = args.skip_naive = args.skip_small_batches = True
+        args.skip_postgres = args.skip_naive = args.skip_small_batches = args.skip_shaped = True
         args.skip_fixed = args.skip_stream = True
 
     from headwater.pipeline.config import SparkConfig
@@ -610,7 +613,16 @@ def main() -> None:
                 dests = [duck]
                 if pg is not None:
                     dests.append({"id": "pg", "type": "postgres", "dsn": pg.dsn})
+                shaped = None
+                if not args.skip_shaped:
+                    import shaping_sample  # beside this script: Spark's workers import it too
+
+                    shaped = shaping_sample.destination(
+                        root, root / "batch" / "shaped.duckdb", EVENTS
+                    )
                 warm = [{**duck, "path": str(root / "warmup" / "duck.duckdb")}]
+                if shaped is not None:
+                    warm.append({**shaped, "path": str(root / "warmup" / "shaped.duckdb")})
                 if pg is not None:  # its own database: the measured run's table starts empty
                     warm.append({"id": "pg", "type": "postgres", "dsn": scratch_database(pg.dsn)})
                 warm_up(spark, root / "warmup", warm)
@@ -637,6 +649,8 @@ def main() -> None:
                         spark, root / "kafka", args.events, from_kafka, bus=bus, exclude=broker
                     )
                     out["broker"] = broker_figures(kafka)
+                if shaped is not None:  # the same events, shaped
+                    out["shaped"] = run_batch(spark, root / "batch", args.events, shaped)
                 if not args.skip_small_batches:  # the same events, micro-batches of 1/4 the size
                     small = {
                         **duck,
@@ -692,6 +706,26 @@ def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
             f"{ratio:.2f}x ({fmt_number(k['events_per_s'])} vs "
             f"{fmt_number(b['events_per_s'])} events/s)",
             ratio >= KAFKA_TARGET,
+        )
+    sh = out.get("shaped")
+    if b and sh:
+        ratio = sh["events_per_s"] / b["events_per_s"]
+        add(
+            "shaped -> DuckDB (functions, contracts, enrichments) >= 0.7x the plain DuckDB "
+            "destination and >= 50,000 events/s",
+            f"{ratio:.2f}x ({fmt_number(sh['events_per_s'])} vs "
+            f"{fmt_number(b['events_per_s'])} events/s)",
+            ratio >= 0.7 and sh["events_per_s"] >= 50_000,
+        )
+        add(
+            f"peak RSS of the process tree <= 2.2 GB (shaped, {sh['events']:,} events)",
+            f"{sh['peak_rss_bytes'] / GB:.2f} GB",
+            sh["peak_rss_bytes"] <= 2.2 * GB,
+        )
+        add(
+            "every shaped event landed exactly once",
+            f"{sh['rows']:,} rows, {sh['distinct_ids']:,} ids",
+            sh["exactly_once"],
         )
     if p:
         add(
@@ -778,7 +812,7 @@ def report(out: dict[str, Any]) -> None:
             "not in the peak RSS above; its peak RSS (VmHWM, warm-up, fill and both runs): "
             + ("-" if peak is None else f"{peak / 2**20:,.0f} MiB")
         )
-    cases = [c for c in (out.get(key) for key in ("batch", "kafka", "postgres")) if c]
+    cases = [c for c in (out.get(key) for key in ("batch", "shaped", "kafka", "postgres")) if c]
     for c in cases:
         if c.get("phases_s"):
             print(

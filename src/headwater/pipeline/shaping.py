@@ -40,6 +40,7 @@ import orjson
 import pyarrow as pa
 
 from headwater.bus import context
+from headwater.pipeline import contracts as _contracts
 from headwater.pipeline.columns import PROTO_JSON, SHAPE_ERROR, UTF8, header
 
 CONTRACT_STEP = "contract"
@@ -134,9 +135,7 @@ class Shaper:
         self.functions = [_Function(p) for p in shaping.get("python", [])]
         self.contracts: Any = None
         if shaping.get("contracts"):
-            from headwater.pipeline.contracts import Contracts
-
-            self.contracts = Contracts.compile(shaping["contracts"])
+            self.contracts = _contracts.Contracts.compile(shaping["contracts"])
 
     @classmethod
     def for_spec(cls, text: str) -> Shaper:
@@ -144,54 +143,53 @@ class Shaper:
 
     def shape(self, table: pa.Table) -> Shaped:
         """``table`` (the query's input, one row per record) after the steps."""
-        n = table.num_rows
         texts = _event_texts(table)
-        cols = {name: table.column(header(name)).to_pylist() for name in CONTEXT_HEADERS.values()}
+        contracts, functions = self.contracts, self.functions
+        with_context = any(fn.takes_context for fn in functions)
+        wanted = CONTEXT_HEADERS.values() if with_context else (context.TYPE, context.EVENT_ID)
+        cols = {name: table.column(header(name)).to_pylist() for name in wanted}
+        types, ids = cols[context.TYPE], cols[context.EVENT_ID]
         out = _Out()
+        rows, new_texts, new_ids, errors = out.rows, out.texts, out.ids, out.errors
         dropped = derived = 0
-        for i in range(n):
-            text = texts[i]
+        for i, text in enumerate(texts):
             event = _object(text)
             if event is None:  # not a JSON object: decode's to judge
-                out.add(i)
+                rows.append(i), new_texts.append(None), new_ids.append(None), errors.append(None)
                 continue
             changed = False
-            if self.contracts is not None:
-                from headwater.pipeline.contracts import event_type_of, reason, violations_json
-
-                verdict = self.contracts.check(event_type_of(event, cols[context.TYPE][i]), event)
+            failure: tuple[str, str, str] | None = None
+            if contracts is not None:
+                verdict = contracts.check(_contracts.event_type_of(event, types[i]), event)
                 if verdict.action == "reject":
-                    out.add(i, error=(CONTRACT_STEP, CONTRACT_BROKEN, reason(verdict)))
-                    continue
-                if verdict.action == "warn":
-                    event[VIOLATIONS] = violations_json(verdict)
+                    failure = (CONTRACT_STEP, CONTRACT_BROKEN, _contracts.reason(verdict))
+                elif verdict.action == "warn":
+                    event[VIOLATIONS] = _contracts.violations_json(verdict)
                     changed = True
-            events: list[dict[str, Any]] = [event]
-            failure = None
-            for fn in self.functions:
-                made: list[dict[str, Any]] = []
-                for e in events:
+            events = [event]
+            if functions and failure is None:
+                ctx = {k: cols[h][i] for k, h in CONTEXT_HEADERS.items()} if with_context else {}
+                for fn in functions:
+                    made: list[dict[str, Any]] = []
                     try:
-                        got = fn(e, {k: cols[h][i] for k, h in CONTEXT_HEADERS.items()})
+                        for e in events:
+                            made += fn(e, ctx)
                     except Exception as exc:
                         failure = (FUNCTION_STEP, FUNCTION_FAILED, fn.failed(exc))
                         break
-                    made.extend(got)
-                if failure is not None:
-                    break
-                events, changed = made, True
+                    events, changed = made, True
             if failure is not None:
-                out.add(i, error=failure)
+                rows.append(i), new_texts.append(None), new_ids.append(None), errors.append(failure)
             elif not events:
                 dropped += 1
             elif len(events) == 1:
-                out.add(i, _dump(events[0]) if changed else None)
+                rows.append(i), new_ids.append(None), errors.append(None)
+                new_texts.append(_dump(events[0]) if changed else None)
             else:
                 derived += len(events) - 1
-                own = cols[context.EVENT_ID][i] or ""
                 for k, e in enumerate(events):
-                    out.add(i, _dump(e), derived_id(own, k))
-        return Shaped(_rebuild(table, out), np.asarray(out.rows, dtype=np.int64), dropped, derived)
+                    out.add(i, _dump(e), derived_id(ids[i] or "", k))
+        return Shaped(_rebuild(table, out), np.asarray(rows, dtype=np.int64), dropped, derived)
 
 
 def derived_id(event_id: str, index: int) -> str:
@@ -254,7 +252,7 @@ def _event_texts(table: pa.Table) -> list[str | None]:
 
 
 def _object(text: str | None) -> dict[str, Any] | None:
-    if not text or text.lstrip()[:1] != "{":
+    if not text or (text[0] != "{" and text.lstrip()[:1] != "{"):
         return None
     try:
         event = orjson.loads(text)
