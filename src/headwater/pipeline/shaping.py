@@ -111,6 +111,7 @@ class _Out:
     texts: list[str | None] = field(default_factory=list)  # new JSON (None: as it was)
     ids: list[str | None] = field(default_factory=list)  # new event id (None: as it was)
     errors: list[tuple[str, str, str] | None] = field(default_factory=list)
+    one_each: bool = False  # a row per record, in order
 
     def add(
         self,
@@ -170,14 +171,19 @@ class Shaper:
             if functions and failure is None:
                 ctx = {k: cols[h][i] for k, h in CONTEXT_HEADERS.items()} if with_context else {}
                 for fn in functions:
-                    made: list[dict[str, Any]] = []
                     try:
-                        for e in events:
-                            made += fn(e, ctx)
+                        if len(events) == 1:  # the usual case, without a list made per call
+                            got = fn.call(events[0], ctx)
+                            events = [got] if type(got) is dict else fn.events(got)
+                        else:
+                            made: list[dict[str, Any]] = []
+                            for e in events:
+                                made += fn.events(fn.call(e, ctx))
+                            events = made
                     except Exception as exc:
                         failure = (FUNCTION_STEP, FUNCTION_FAILED, fn.failed(exc))
                         break
-                    events, changed = made, True
+                    changed = True
             if failure is not None:
                 rows.append(i), new_texts.append(None), new_ids.append(None), errors.append(failure)
             elif not events:
@@ -189,6 +195,7 @@ class Shaper:
                 derived += len(events) - 1
                 for k, e in enumerate(events):
                     out.add(i, _dump(e), derived_id(ids[i] or "", k))
+        out.one_each = not dropped and not derived
         return Shaped(_rebuild(table, out), np.asarray(rows, dtype=np.int64), dropped, derived)
 
 
@@ -218,8 +225,12 @@ class _Function:
         except (TypeError, ValueError):  # a builtin without a signature: one argument
             self.takes_context = False
 
-    def __call__(self, event: dict[str, Any], ctx: dict[str, Any]) -> list[dict[str, Any]]:
-        got = self.fn(event, ctx) if self.takes_context else self.fn(event)
+    def call(self, event: dict[str, Any], ctx: dict[str, Any]) -> Any:
+        return self.fn(event, ctx) if self.takes_context else self.fn(event)
+
+    @staticmethod
+    def events(got: Any) -> list[dict[str, Any]]:
+        """What a function returned as the events it made (``TypeError`` for anything else)."""
         if got is None:
             return []
         if isinstance(got, dict):
@@ -279,7 +290,10 @@ def _rebuild(table: pa.Table, out: _Out) -> pa.Table:
     )
     if same:
         return table.append_column(SHAPE_ERROR, pa.nulls(table.num_rows, _ERROR_TYPE))
-    taken = table.take(pa.array(out.rows, pa.int64()))
+    if out.one_each:  # a row per record, in order: nothing to take
+        taken = table
+    else:
+        taken = table.take(pa.array(out.rows, pa.int64()))
     new_text = pa.array(out.texts, pa.string())
     changed = pc.is_valid(new_text)
     columns = {name: taken.column(name) for name in taken.column_names}
