@@ -290,10 +290,8 @@ def _rebuild(table: pa.Table, out: _Out) -> pa.Table:
     )
     if same:
         return table.append_column(SHAPE_ERROR, pa.nulls(table.num_rows, _ERROR_TYPE))
-    if out.one_each:  # a row per record, in order: nothing to take
-        taken = table
-    else:
-        taken = table.take(pa.array(out.rows, pa.int64()))
+    # a row per record, in order: nothing to take
+    taken = table if out.one_each else table.take(pa.array(out.rows, pa.int64()))
     new_text = pa.array(out.texts, pa.string())
     changed = pc.is_valid(new_text)
     columns = {name: taken.column(name) for name in taken.column_names}
