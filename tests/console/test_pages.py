@@ -8,6 +8,7 @@ import asyncio
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -203,3 +204,22 @@ def test_the_overview_shows_the_log_writers_and_charts(served: Served) -> None:
     assert "warehouse" in page
     assert page.count("<svg") == 5 and "Appended to the log" in page
     assert "<polyline" in page  # the topic's rate between the two samples
+
+
+def test_failed_events_filter_by_contract_and_show_each_violation(served: Served) -> None:
+    broke = (
+        'contract signup/1-0-0: /properties/plan: "gold" is not one of ["pro"] (enum); '
+        "/properties/seats: 0 is less than the minimum of 1 (minimum)"
+    )
+    events = [
+        replace(failed_event(n), step="contract", code="HW-PIPE-501", reason=broke)
+        for n in (20, 21)
+    ]
+    FailedStore(served.config).append([*events, failed_event(22)])
+    client = served.client()
+    page = get(served, client, "/failed?contract=signup/1-0-0")
+    assert "2 match the filters" in page
+    one = get(served, client, "/failed/event?id=warehouse:events-track:0:20")
+    assert "Contract violations" in one
+    assert "<li><code>/properties/plan: &#34;gold&#34; is not one of" in one
+    assert "<li><code>/properties/seats: 0 is less than the minimum of 1 (minimum)</code>" in one

@@ -119,6 +119,26 @@ def test_every_filter(config):
     assert index.count() == 5 and index.count(since="2024-05-01T00:00:02") == 3
 
 
+def test_the_contract_filter_finds_the_events_a_contract_rejected(config):
+    store = FailedStore(config)
+    index = FailedIndex(store)
+    broke = "contract signup/1-0-0: /plan: 'gold' is not one of ['pro'] (enum)"
+    store.append(
+        [
+            replace(event(0, step="contract", code="HW-PIPE-501"), reason=broke),
+            event(1),
+            replace(event(2, step="contract", code="HW-PIPE-501"), reason=broke),
+            replace(
+                event(3, step="contract", code="HW-PIPE-501"), reason="contract other/2-0-0: x"
+            ),
+            replace(event(4), reason="contract signup/1-0-0: not a contract step"),
+        ]
+    )
+    assert offsets(index.page(contract="signup/1-0-0").events) == [2, 0]
+    assert offsets(index.page(contract="other/2-0-0").events) == [3]
+    assert index.page(contract="signup/1-0-0", destination="pg").matching == 0
+
+
 def test_paging_walks_every_event_exactly_once(config):
     store = FailedStore(config)
     index = FailedIndex(store)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import time
 from typing import Any
 
@@ -173,7 +174,7 @@ def _filters(request: web.Request, names: tuple[str, ...]) -> dict[str, str]:
 
 async def failed(request: web.Request) -> web.Response:
     console = _console(request)
-    chosen = _filters(request, ("destination", "step", "code", "since"))
+    chosen = _filters(request, ("destination", "step", "code", "contract", "since"))
     since = parse_since(chosen["since"])
     before = request.query.get("before") or None
 
@@ -182,6 +183,7 @@ async def failed(request: web.Request) -> web.Response:
             destination=chosen["destination"] or None,
             step=chosen["step"] or None,
             code=chosen["code"] or None,
+            contract=chosen["contract"] or None,
             since=since,
             before=before,
             limit=console.config.console.page_size,
@@ -215,7 +217,15 @@ async def failed_event(request: web.Request) -> web.Response:
         event=event,
         shown=event.to_json(),
         decoded=_decoded(event.value),
+        violations=_violations(event.step, event.reason),
     )
+
+
+def _violations(step: str, reason: str) -> list[str]:
+    """A broken contract's violations, one per line (path: message (keyword))."""
+    if step != "contract" or ": " not in reason:
+        return []
+    return re.split(r"; (?=/)", reason.split(": ", 1)[1])  # each starts with its JSON path
 
 
 def _decoded(value: bytes) -> str | None:

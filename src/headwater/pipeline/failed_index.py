@@ -20,6 +20,7 @@ from headwater.pipeline.failed import (
     AT,
     CODE,
     DESTINATION,
+    REASON,
     STEP,
     FailedEvent,
     FailedStore,
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 
 READ_CHUNK = 65_536  # records read at a time while catching up
 _NAMES = (DESTINATION, STEP, CODE, AT)
+CONTRACT = "contract"  # the contract an event broke (from its reason), "" for other failures
+_BROKE = "contract "  # how a contract's failure reason starts: "contract signup/1-0-0: ..."
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class FailedIndex:
             ]
             chunk[name] = column
         chunk["at"] = np.array([time_key(t) for t in chunk.pop(AT)], dtype=np.int64)
+        chunk[CONTRACT] = _contracts(keys, values, parents, chunk[STEP], n)
         ids = batch.column("key").to_pylist()
         base = len(self._columns["offset"]) + sum(len(c["offset"]) for c in self._chunks)
         current = np.ones(n, dtype=bool)
@@ -138,11 +142,12 @@ class FailedIndex:
         since: str | None = None,
         before: str | None = None,
         limit: int = 50,
+        contract: str | None = None,
     ) -> IndexPage:
         """Up to ``limit`` failed events that match, newest first (by failed time, then place
         on the store), after the cursor ``before`` (a page's ``next``), and how many match."""
         with self.store.open(read_only=True) as bus:
-            return self._page(bus, destination, step, code, since, before, limit)
+            return self._page(bus, destination, step, code, since, before, limit, contract)
 
     def _page(
         self,
@@ -153,11 +158,13 @@ class FailedIndex:
         since: str | None,
         before: str | None,
         limit: int,
+        contract: str | None = None,
     ) -> IndexPage:
         self._catch_up(bus)
         c = self._columns
         mask = c["current"].copy()
-        for name, value in ((DESTINATION, destination), (STEP, step), (CODE, code)):
+        filters = ((DESTINATION, destination), (STEP, step), (CODE, code), (CONTRACT, contract))
+        for name, value in filters:
             if value is not None:
                 mask &= c[name] == value
         if since is not None:
@@ -241,6 +248,37 @@ def _cursor(value: str) -> tuple[int, int, int]:
     return at, part, offset
 
 
+def _contracts(
+    keys: Any, values: Any, parents: np.ndarray, steps: np.ndarray, n: int
+) -> np.ndarray:
+    """Per record, the contract it broke: the label its reason starts with when the step is
+    ``contract`` (only those reasons are read)."""
+    import pyarrow.compute as pc
+
+    column = np.full(n, "", dtype=object)
+    broke = steps == "contract"
+    if not broke.any():
+        return column
+    mask = pc.equal(keys, REASON).to_numpy(zero_copy_only=False)
+    rows = parents[mask]
+    wanted = broke[rows]
+    reasons = values.filter(_narrowed(mask, wanted)).to_pylist()
+    labels = []
+    for r in reasons:
+        text = r.decode("utf-8", "replace")
+        labels.append(text[len(_BROKE) :].split(":", 1)[0] if text.startswith(_BROKE) else "")
+    column[rows[wanted]] = labels
+    return column
+
+
+def _narrowed(mask: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """``mask`` (over the headers) narrowed to the entries whose record is ``wanted`` (given per
+    masked entry)."""
+    out = mask.copy()
+    out[np.flatnonzero(mask)[~wanted]] = False
+    return out
+
+
 def _empty() -> dict[str, Any]:
     return {
         "partition": np.zeros(0, dtype=np.int32),
@@ -248,6 +286,7 @@ def _empty() -> dict[str, Any]:
         DESTINATION: np.zeros(0, dtype=object),
         STEP: np.zeros(0, dtype=object),
         CODE: np.zeros(0, dtype=object),
+        CONTRACT: np.zeros(0, dtype=object),
         "at": np.zeros(0, dtype=np.int64),
         "current": np.zeros(0, dtype=bool),
     }
