@@ -239,7 +239,7 @@ class Engine:
         self.con.execute("SET threads = 1")
         self.con.execute("SET TimeZone = 'UTC'")
         self.con.execute("SET memory_limit = '256MB'")  # results leave as Arrow; little stays
-        if program.functions:
+        if program.functions or program.settings:
             from headwater.pipeline.steps import lookup
 
             lookup.register(self.con, program.geoip_database, program.settings)

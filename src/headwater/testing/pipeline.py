@@ -69,8 +69,18 @@ def event_row(
     return (key, data, topic, 0, offset, EPOCH_2024, 0, hdrs)
 
 
-def rows_of(values: Sequence[Mapping[str, Any] | bytes | str | None], **kw: Any) -> list[Any]:
-    return [event_row(v, offset=i, **kw) for i, v in enumerate(values)]
+def rows_of(
+    values: Sequence[Mapping[str, Any] | bytes | str | None],
+    *,
+    each: Sequence[Mapping[str, str | None]] | None = None,
+    **kw: Any,
+) -> list[Any]:
+    """Rows at offsets 0, 1, ...; ``each``: headers of each row (beside ``headers`` for all)."""
+    rows = []
+    for i, v in enumerate(values):
+        headers = {**kw.get("headers", {}), **(each[i] if each is not None else {})}
+        rows.append(event_row(v, offset=i, **{**kw, "headers": headers}))
+    return rows
 
 
 def batch(spark: Any, values: Sequence[Mapping[str, Any] | bytes | str | None], **kw: Any) -> Any:

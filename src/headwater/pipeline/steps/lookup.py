@@ -183,6 +183,9 @@ def register(
         side_effects=False,
         null_handling="special",
     )
+    from headwater.pipeline.steps import enrichments
+
+    enrichments.register(con, settings or {})
     if geoip_database is not None:
         path = geoip_database
         con.create_function(

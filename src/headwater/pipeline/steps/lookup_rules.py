@@ -24,17 +24,18 @@ from headwater.bus import context
 from headwater.errors import ConfigError
 from headwater.pipeline import sql
 from headwater.pipeline.columns import header, pointer_parts
-from headwater.pipeline.enrichment_config import EnrichmentRule
+from headwater.pipeline.enrichment_config import EnrichmentRule, LookupRule
 from headwater.pipeline.fields import BOOLEAN, DOUBLE, TEXT, Field, Fields, as_text, set_subtree
 from headwater.pipeline.shape import BOOL, FLOAT64, STRING
 from headwater.pipeline.steps import lookup
 
 IMPLICIT = (
-    EnrichmentRule(name="ip_lookup", src="/source_ip", dst="/eventn_ctx/location"),
-    EnrichmentRule(
-        name="user_agent_parse", src="/eventn_ctx/user_agent", dst="/eventn_ctx/parsed_ua"
-    ),
+    LookupRule(name="ip_lookup", src="/source_ip", dst="/eventn_ctx/location"),
+    LookupRule(name="user_agent_parse", src="/eventn_ctx/user_agent", dst="/eventn_ctx/parsed_ua"),
 )
+LOOKUPS = ("ip_lookup", "user_agent_parse")
+ORDER = ("bot_detect", "referrer", "campaign", "ip_anonymize", "pii_pseudonymize")
+"""The other enrichments run after the lookups, in this order (``steps.enrichments``)."""
 HEADERS = (context.PROTOCOL, context.USER_AGENT)
 _FORMS = {pa.string(): (TEXT, STRING), pa.float64(): (DOUBLE, FLOAT64), pa.bool_(): (BOOLEAN, BOOL)}
 
@@ -80,7 +81,8 @@ def apply(fields: Fields, rules: list[EnrichmentRule], geoip_database: Path | No
     """``fields`` with every rule's result, and the lookup calls they read (in order: a rule
     may read what an earlier one wrote)."""
     calls: list[Lookup] = []
-    for rule, implicit in [(r, False) for r in rules] + [(r, True) for r in IMPLICIT]:
+    lookups = [r for r in rules if isinstance(r, LookupRule)]
+    for rule, implicit in [(r, False) for r in lookups] + [(r, True) for r in IMPLICIT]:
         if rule.name == "ip_lookup" and geoip_database is None:
             if implicit:
                 continue
@@ -106,4 +108,36 @@ def apply(fields: Fields, rules: list[EnrichmentRule], geoip_database: Path | No
             path = (*dst, name)
             result[(name,)] = Field(path, f"{column}.{sql.ident(name)}", form, frozenset({kind}))
         fields = set_subtree(fields, dst, result, f"({column} IS NOT NULL)")
-    return Enriched(fields, calls)
+    enriched = Enriched(fields, calls)
+    for name in ORDER:
+        for rule in rules:
+            if rule.name == name:
+                _enrich(enriched, rule)
+    return enriched
+
+
+def _enrich(out: Enriched, rule: Any) -> None:
+    """``rule`` (one of ``ORDER``) applied to ``out``."""
+    from headwater.pipeline.steps import enrichments as en
+
+    column = f"_hw_l{len(out.lookups)}"
+    if rule.name == "bot_detect":
+        out.fields, argument, bot = en.bot_detect(out.fields, rule, column)
+        if argument is not None:
+            out.lookups.append(Lookup(column, en.BOT_FUNCTION, argument))
+            if rule.drop_bots:
+                out.drops.append(Drop(bot, "bot_detect"))
+    elif rule.name == "referrer":
+        out.fields, argument = en.referrer(out.fields, rule, column)
+        if argument is not None:
+            out.lookups.append(Lookup(column, en.REFERRER_FUNCTION, argument))
+            hosts = {"extra": rule.extra, "internal": rule.internal_hosts}
+            out.settings[en.REFERRERS] = hosts
+    elif rule.name == "campaign":
+        out.fields = en.campaign(out.fields, rule)
+    elif rule.name == "ip_anonymize":
+        out.fields = en.ip_anonymize(out.fields, rule)
+        out.settings["ip_anonymize"] = True  # its function is registered
+    elif rule.name == "pii_pseudonymize":
+        out.fields = en.pii_pseudonymize(dict(out.fields), rule)
+        out.settings[en.KEY_ENV] = rule.key_env

@@ -1,0 +1,375 @@
+"""Step 3's enrichments beyond the lookups, each a change of the event's fields in the task's
+query (pure SQL, or a DuckDB function over Arrow that works on each distinct value once), run in
+this order after ``ip_lookup`` and ``user_agent_parse``:
+
+- ``bot_detect``: ``{is_bot, pattern}`` at ``dst`` from the user agent, by the
+  ``crawler-user-agents`` list (the maintained list of crawler patterns, ~1,500 of them, on
+  PyPI; ua-parser's "Spider" device knows far fewer); ``drop_bots`` discards bots' events;
+- ``referrer``: ``{host, path, medium, source}`` at ``dst`` from the referrer URL: ``medium`` is
+  ``internal`` (the page's own host, or ``internal_hosts``), ``search``, ``social`` or ``email``
+  (by the hosts in ``referrers.json`` beside this module, plus the config's ``extra``), else
+  ``unknown``;
+- ``campaign``: the page URL's ``utm_*`` parameters (URL-decoded) into ``mkt_source``,
+  ``mkt_medium``, ``mkt_campaign``, ``mkt_term``, ``mkt_content`` (a configurable mapping), and
+  the first click id (``gclid``, ``fbclid``, ``msclkid``...) into ``mkt_clickid`` with its
+  network in ``mkt_network``; pure SQL;
+- ``ip_anonymize``: the IP address with its last ``octets`` (IPv4) or ``segments`` (IPv6) set to
+  0, after the location lookup has read the whole address;
+- ``pii_pseudonymize``: each listed field (and every value below it; ``*`` for every item of an
+  array) replaced by the hex HMAC-SHA256 of its text under a key read from the environment
+  variable ``key_env`` in each worker (the key never travels in the program). The same value
+  gives the same digest, so joins on it still work; to rotate the key, set the new one and
+  restart: digests made before and after differ.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import ipaddress
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+
+from headwater.errors import ConfigError
+from headwater.pipeline import sql
+from headwater.pipeline.columns import pointer_parts
+from headwater.pipeline.enrichment_config import (
+    BotDetect,
+    Campaign,
+    IpAnonymize,
+    PiiPseudonymize,
+    Referrer,
+)
+from headwater.pipeline.fields import (
+    BOOLEAN,
+    RAW,
+    TEXT,
+    Field,
+    Fields,
+    as_text,
+    set_subtree,
+    subtree,
+)
+from headwater.pipeline.shape import BOOL, STRING
+
+STRINGS = frozenset({STRING})
+BOT_FUNCTION = "hw_bot"
+REFERRER_FUNCTION = "hw_referrer"
+ANONYMIZE_FUNCTION = "hw_ip_anonymize"
+HMAC_FUNCTION = "hw_hmac"
+HMAC_JSON_FUNCTION = "hw_hmac_json"
+KEY_ENV = "pii_key_env"  # settings: the key's variable
+REFERRERS = "referrers"  # settings: the referrer hosts (built-in and extra), internal hosts
+BOT = (("is_bot", pa.bool_()), ("pattern", pa.string()))
+REFERRER = (("host", pa.string()), ("path", pa.string()), ("medium", pa.string()))
+REFERRER += (("source", pa.string()),)
+
+
+class PiiKeyMissing(ConfigError):
+    """pii_pseudonymize's key variable is not set."""
+
+    code = "HW-PIPE-521"
+
+
+def first_of(fields: Fields, pointers: list[str]) -> str | None:
+    """The text of the first of ``pointers`` an event has (SQL), None when no event has any."""
+    found = [as_text(fields[p]) for p in map(pointer_parts, pointers) if p in fields]
+    if not found:
+        return None
+    return found[0] if len(found) == 1 else f"COALESCE({', '.join(found)})"
+
+
+def _struct(column: str, spec: tuple[tuple[str, pa.DataType], ...], at: tuple[str, ...]) -> Fields:
+    forms = {pa.string(): (TEXT, STRINGS), pa.bool_(): (BOOLEAN, frozenset({BOOL}))}
+    out: Fields = {}
+    for name, kind in spec:
+        form, kinds = forms[kind]
+        out[(name,)] = Field((*at, name), f"{column}.{sql.ident(name)}", form, kinds)
+    return out
+
+
+def bot_detect(fields: Fields, rule: BotDetect, column: str) -> tuple[Fields, str | None, str]:
+    """The fields with ``{is_bot, pattern}``; the SQL argument of the call (None: no event has a
+    user agent); the condition of a bot (for drop_bots)."""
+    agent = first_of(fields, [rule.src])
+    if agent is None:
+        return fields, None, sql.FALSE
+    at = pointer_parts(rule.dst)
+    out = set_subtree(fields, at, _struct(sql.ident(column), BOT, at), None)
+    return out, agent, f"COALESCE({sql.ident(column)}.is_bot, false)"
+
+
+def referrer(fields: Fields, rule: Referrer, column: str) -> tuple[Fields, str | None]:
+    url = first_of(fields, rule.src)
+    if url is None:
+        return fields, None
+    page = first_of(fields, rule.page) or sql.NULL
+    at = pointer_parts(rule.dst)
+    out = set_subtree(fields, at, _struct(sql.ident(column), REFERRER, at), None)
+    return out, f"{url}, {page}"
+
+
+def campaign(fields: Fields, rule: Campaign) -> Fields:
+    url = first_of(fields, rule.src)
+    if url is None:
+        return fields
+
+    def param(name: str) -> str:
+        pattern = sql.lit(f"[?&]{_regex(name)}=([^&#]*)")
+        raw = f"NULLIF(regexp_extract({url}, {pattern}, 1), '')"
+        return f"url_decode(replace({raw}, '+', ' '))"
+
+    for name, target in rule.mapping.items():
+        at = pointer_parts(target)
+        fields = set_subtree(fields, at, {(): Field(at, param(name), TEXT, STRINGS)}, None)
+    if rule.click_ids:
+        ids = [(param(p), network) for p, network in rule.click_ids.items()]
+        clickid = f"COALESCE({', '.join(v for v, _ in ids)})"
+        network = sql.case([(f"{v} IS NOT NULL", sql.lit(n)) for v, n in ids])
+        for name, value in (("mkt_clickid", clickid), ("mkt_network", network)):
+            fields = set_subtree(fields, (name,), {(): Field((name,), value, TEXT, STRINGS)}, None)
+    return fields
+
+
+def _regex(name: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else f"\\{c}" for c in name)
+
+
+def ip_anonymize(fields: Fields, rule: IpAnonymize) -> Fields:
+    at = pointer_parts(rule.field)
+    ip = fields.get(at)
+    if ip is None:
+        return fields
+    value = f"{ANONYMIZE_FUNCTION}({as_text(ip)}, {rule.octets}, {rule.segments})"
+    return set_subtree(fields, at, {(): Field(at, value, TEXT, STRINGS)}, None)
+
+
+def pii_pseudonymize(fields: Fields, rule: PiiPseudonymize) -> Fields:
+    """Each listed field's leaves hashed; a path through an array (``*``) rewrites the array's
+    JSON text."""
+    if not os.environ.get(rule.key_env):
+        raise PiiKeyMissing(
+            f"pii_pseudonymize: the environment variable {rule.key_env} (key_env) holds no key"
+        )
+    for pointer in rule.fields:
+        parts = pointer_parts(pointer)
+        if "*" in parts:
+            star = parts.index("*")
+            array, rest = parts[:star], parts[star:]
+            f = fields.get(array)
+            if f is None or f.form != RAW:
+                continue
+            value = f"{HMAC_JSON_FUNCTION}({f.sql}, {sql.lit(json.dumps(list(rest)))})"
+            fields = {**fields, array: Field(array, value, RAW, f.kinds)}
+            continue
+        below = subtree(fields, parts)
+        for rest, f in below.items():
+            path = (*parts, *rest)
+            if f.form == RAW:  # objects and arrays kept whole, or mixed kinds: every value in it
+                value = f"{HMAC_JSON_FUNCTION}({f.sql}, '[]')"
+                fields[path] = Field(path, value, RAW, f.kinds)
+            else:
+                value = f"{HMAC_FUNCTION}({as_text(f)})"
+                fields[path] = Field(path, value, TEXT, STRINGS)
+    return fields
+
+
+# -- the functions the tasks call -------------------------------------------------------------
+def register(con: Any, settings: Mapping[str, Any]) -> None:
+    """Make the enrichments' DuckDB functions callable on ``con``."""
+    from headwater.pipeline.steps.lookup import map_distinct, sql_type
+
+    con.create_function(
+        BOT_FUNCTION,
+        lambda agents: map_distinct(agents, _bot, BOT),
+        ["VARCHAR"],
+        sql_type(BOT),
+        type="arrow",
+        side_effects=False,
+        null_handling="special",
+    )
+    hosts = settings.get(REFERRERS) or {}
+    con.create_function(
+        REFERRER_FUNCTION,
+        lambda urls, pages: _referrers(urls, pages, json.dumps(hosts, sort_keys=True)),
+        ["VARCHAR", "VARCHAR"],
+        sql_type(REFERRER),
+        type="arrow",
+        side_effects=False,
+        null_handling="special",
+    )
+    con.create_function(
+        ANONYMIZE_FUNCTION,
+        lambda ips, octets, segments: _anonymized(ips, octets, segments),
+        ["VARCHAR", "INTEGER", "INTEGER"],
+        "VARCHAR",
+        type="arrow",
+        side_effects=False,
+        null_handling="special",
+    )
+    name = settings.get(KEY_ENV)
+    if name:
+        key = os.environ.get(name, "").encode()
+        if not key:
+            raise PiiKeyMissing(f"pii_pseudonymize: {name} holds no key in this worker")
+        con.create_function(
+            HMAC_FUNCTION,
+            lambda values: _hashed(values, key),
+            ["VARCHAR"],
+            "VARCHAR",
+            type="arrow",
+            side_effects=False,
+            null_handling="special",
+        )
+        con.create_function(
+            HMAC_JSON_FUNCTION,
+            lambda texts, paths: _hashed_json(texts, paths, key),
+            ["VARCHAR", "VARCHAR"],
+            "VARCHAR",
+            type="arrow",
+            side_effects=False,
+            null_handling="special",
+        )
+
+
+@functools.lru_cache(maxsize=20_000)
+def _bot(agent: Any) -> tuple[Any, ...] | None:
+    if not isinstance(agent, str) or not agent:
+        return None
+    import crawleruseragents
+
+    found = crawleruseragents.matching_crawlers(agent)
+    if not found:
+        return (False, None)
+    return (True, crawleruseragents.CRAWLER_USER_AGENTS_DATA[found[0]]["pattern"])
+
+
+@functools.cache
+def _table(hosts_json: str) -> tuple[dict[str, tuple[str, str]], frozenset[str]]:
+    """host -> (medium, source), from the built-in list and the config's extra; internal hosts."""
+    data = json.loads((Path(__file__).with_name("referrers.json")).read_text())
+    extra = json.loads(hosts_json)
+    table: dict[str, tuple[str, str]] = {}
+    for medium, hosts in [*data.items(), *extra.get("extra", {}).items()]:
+        for host, source in hosts.items():
+            table[host.lower()] = (medium, source)
+    return table, frozenset(h.lower() for h in extra.get("internal", []))
+
+
+def _referrers(urls: pa.Array, pages: pa.Array, hosts_json: str) -> pa.Array:
+    """Each (referrer, page) pair's ``REFERRER`` row, every distinct pair worked out once."""
+    from headwater.pipeline.steps.lookup import map_distinct
+
+    table, internal = _table(hosts_json)
+    pairs = pa.array(
+        [json.dumps([u, p]) for u, p in zip(urls.to_pylist(), pages.to_pylist(), strict=True)],
+        pa.string(),
+    )
+    return map_distinct(pairs, lambda t: _referrer(json.loads(t), table, internal), REFERRER)
+
+
+@functools.lru_cache(maxsize=20_000)
+def _parts(url: str) -> tuple[str, str] | None:
+    try:
+        split = urlsplit(url.strip())
+    except ValueError:
+        return None
+    host = (split.hostname or "").lower()
+    return (host, split.path or "/") if host else None
+
+
+def _referrer(
+    pair: list[Any], table: dict[str, tuple[str, str]], internal: frozenset[str]
+) -> tuple[Any, ...] | None:
+    url, page = pair
+    if not isinstance(url, str) or not url:
+        return None
+    found = _parts(url)
+    if found is None:
+        return None
+    host, path = found
+    own = _parts(page) if isinstance(page, str) else None
+    if host in internal or (own is not None and own[0] == host):
+        return (host, path, "internal", None)
+    probe = host
+    while probe:
+        hit = table.get(probe) or table.get(probe.removeprefix("www."))
+        if hit is not None:
+            return (host, path, hit[0], hit[1])
+        probe = probe.partition(".")[2]  # news.google.com -> google.com -> com
+    return (host, path, "unknown", None)
+
+
+def _anonymized(ips: pa.Array, octets: pa.Array, segments: pa.Array) -> pa.Array:
+    o = octets[0].as_py() if len(octets) else 1
+    s = segments[0].as_py() if len(segments) else 4
+    from headwater.pipeline.steps.lookup import map_distinct
+
+    got = map_distinct(ips, lambda ip: _anonymize(ip, o, s), (("ip", pa.string()),))
+    return got.field("ip")
+
+
+def _anonymize(ip: Any, octets: int, segments: int) -> tuple[str | None] | None:
+    if not isinstance(ip, str):
+        return None
+    try:
+        address = ipaddress.ip_address(ip.strip())
+    except ValueError:
+        return (None,)  # not an address: nothing of it kept
+    bits = 8 * octets if address.version == 4 else 16 * segments
+    width = address.max_prefixlen
+    masked = int(address) & ~((1 << min(bits, width)) - 1)
+    return (str(type(address)(masked)),)
+
+
+def _hashed(values: pa.Array, key: bytes) -> pa.Array:
+    from headwater.pipeline.steps.lookup import map_distinct
+
+    got = map_distinct(values, lambda v: (_digest(key, v),), (("h", pa.string()),))
+    return got.field("h")
+
+
+def _digest(key: bytes, value: Any) -> str | None:
+    if value is None:
+        return None
+    return hmac.new(key, str(value).encode(), hashlib.sha256).hexdigest()
+
+
+def _hashed_json(texts: pa.Array, paths: pa.Array, key: bytes) -> pa.Array:
+    path = json.loads(paths[0].as_py()) if len(paths) else []
+    from headwater.pipeline.steps.lookup import map_distinct
+
+    def one(text: Any) -> tuple[str | None] | None:
+        if not isinstance(text, str):
+            return None
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return (_digest(key, text),)
+        return (json.dumps(_hash_at(value, path, key), separators=(",", ":")),)
+
+    return map_distinct(texts, one, (("h", pa.string()),)).field("h")
+
+
+def _hash_at(value: Any, path: list[str], key: bytes) -> Any:
+    """``value`` with every scalar at ``path`` (``*``: each item) below it hashed."""
+    if not path:
+        if isinstance(value, dict):
+            return {k: _hash_at(v, [], key) for k, v in value.items()}
+        if isinstance(value, list):
+            return [_hash_at(v, [], key) for v in value]
+        text = value if isinstance(value, str) else json.dumps(value)
+        return None if value is None else _digest(key, text)
+    head, rest = path[0], path[1:]
+    if head == "*" and isinstance(value, list):
+        return [_hash_at(v, rest, key) for v in value]
+    if isinstance(value, dict) and head in value:
+        return {**value, head: _hash_at(value[head], rest, key)}
+    return value
