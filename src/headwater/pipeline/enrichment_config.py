@@ -1,12 +1,14 @@
 """The enrichments a destination runs on its events (``enrichment:``), each configured by name.
 
 Whatever the list's order, they run in this one: ``ip_lookup``, ``user_agent_parse``,
-``bot_detect``, ``referrer``, ``campaign``, ``ip_anonymize``, ``pii_pseudonymize``
+``bot_detect``, ``referrer``, ``campaign``, ``ip_anonymize``, ``pii_pseudonymize``,
+``fingerprint``
 (``headwater.pipeline.steps.lookup_rules``; docs/shaping.md).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
@@ -115,7 +117,27 @@ class PiiPseudonymize(Section):
         return [_pointer(p) for p in v]
 
 
+class Fingerprint(Section):
+    name: Literal["fingerprint"]
+    fields: list[str] = Field(
+        min_length=1, description="JSON paths hashed together (with what is below them)."
+    )
+    window_s: float = Field(
+        86_400.0, gt=0, description="An event whose fingerprint was seen this recently is dropped."
+    )
+    store: Path | None = Field(
+        None,
+        description="The SQLite file of fingerprints seen (default: <checkpoints>/<destination>"
+        ".fingerprints.sqlite); on a Spark cluster, on storage every executor reaches.",
+    )
+
+    @field_validator("fields")
+    @classmethod
+    def _paths(cls, v: list[str]) -> list[str]:
+        return [_pointer(p) for p in v]
+
+
 EnrichmentRule = Annotated[
-    LookupRule | BotDetect | Referrer | Campaign | IpAnonymize | PiiPseudonymize,
+    LookupRule | BotDetect | Referrer | Campaign | IpAnonymize | PiiPseudonymize | Fingerprint,
     Field(discriminator="name"),
 ]

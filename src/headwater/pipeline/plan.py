@@ -145,13 +145,17 @@ def plan(
     config: DestinationConfig,
     destination: Destination,
     pipeline: PipelineConfig,
+    state_dir: FilePath | None = None,
 ) -> BatchPlan:
-    """The batch's program and table plans (pure: reads the destination's tables only)."""
+    """The batch's program and table plans (pure: reads the destination's tables only);
+    ``state_dir``: where the destination's state files go (the fingerprints seen)."""
     protobuf = load_types(pipeline.protobuf) if pipeline.protobuf else {}
     shape = knowledge.shape
     fields = decode.fields(shape)
     fields = context.enrich(fields)
-    enriched = lookup_rules.apply(fields, list(config.enrichment), pipeline.geoip_database)
+    seen = state_dir / f"{config.id}.fingerprints.sqlite" if state_dir is not None else None
+    rules = list(config.enrichment)
+    enriched = lookup_rules.apply(fields, rules, pipeline.geoip_database, seen)
     fields, lookups = enriched.fields, enriched.lookups
     applied = functions.apply(fields, config.functions if config.apply == "append" else [])
     fields = applied.fields

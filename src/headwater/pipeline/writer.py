@@ -157,7 +157,8 @@ class DestinationWriter(WriterBase[Destination, BatchStats]):
         return open_destination(self.dest, self.config.data_dir)
 
     def plan(self) -> BatchPlan:
-        return plan(self.knowledge, self.dest, self.destination, self.config.pipeline)
+        state = self.config.checkpoint_dir()
+        return plan(self.knowledge, self.dest, self.destination, self.config.pipeline, state)
 
     def _new_stats(self, batch_id: int) -> BatchStats:
         return BatchStats(batch_id)

@@ -141,12 +141,14 @@ def process(
     known = knowledge if knowledge is not None else Knowledge()
     try:
         for _ in range(4):
-            program = plan(known, dest_config, destination, config.pipeline).program
+            program = plan(
+                known, dest_config, destination, config.pipeline, config.checkpoint_dir()
+            ).program
             found = TaskRun(program, dest_config.id, LEARN).run(source.to_batches())
             if not known.learn(found.leaves, found.seen, dest_config):
                 break
         out = Processed(knowledge=known)
-        out.plan = plan(known, dest_config, destination, config.pipeline)
+        out.plan = plan(known, dest_config, destination, config.pipeline, config.checkpoint_dir())
         parts: dict[str, list[pa.Table]] = {}
 
         def on_rows(tables: dict[str, pa.Table]) -> None:

@@ -200,3 +200,43 @@ def test_the_settings_never_carry_the_key(tmp_path: Path, monkeypatch: pytest.Mo
     done = process(source_table([{"email": "x"}]), dest, path=tmp_path)
     assert KEY not in json.dumps(done.plan.program.settings)
     assert KEY not in done.plan.program.to_json()
+
+
+def test_fingerprint_drops_repeats_within_the_window_across_runs_but_never_a_replayed_event(
+    tmp_path: Path,
+) -> None:
+    from headwater.pipeline.steps import fingerprint
+    from headwater.testing.pipeline import process
+
+    store = tmp_path / "seen.sqlite"
+    rule = {"name": "fingerprint", "fields": ["/order"], "window_s": 3600, "store": str(store)}
+    dest = {
+        "type": "files",
+        "format": "jsonl.gz",
+        "path": str(tmp_path / "f"),
+        "enrichment": [rule],
+    }
+
+    def run(events: list[Any], each: list[dict[str, str | None]]) -> list[str]:
+        done = process(source_table(events, each=each), dest, path=tmp_path)
+        return [json.loads(r["event"])["eventn_ctx"]["event_id"] for r in done.rows()]
+
+    def at(event_id: str, when: str) -> dict[str, str | None]:
+        return {context.EVENT_ID: event_id, context.RECEIVED_AT: when}
+
+    first = [{"order": 1}, {"order": 2}, {"order": 1}]
+    stamps = [
+        at("a", "2024-05-01T12:00:00Z"),
+        at("b", "2024-05-01T12:00:01Z"),
+        at("c", "2024-05-01T12:00:02Z"),
+    ]
+    assert run(first, stamps) == ["a", "b"]  # c repeats a's order
+    assert run(first, stamps) == ["a", "b"]  # the same batch again: the same answer
+    fingerprint._Store.at.cache_clear()  # a restarted worker: the file holds what was seen
+    later = [{"order": 2}, {"order": 1}, {"order": 3}]
+    stamps = [
+        at("d", "2024-05-01T12:30:00Z"),
+        at("e", "2024-05-01T14:00:00Z"),
+        at("f", "2024-05-01T12:30:00Z"),
+    ]
+    assert run(later, stamps) == ["e", "f"]  # d repeats b within the hour; e comes after it

@@ -214,6 +214,10 @@ def register(con: Any, settings: Mapping[str, Any]) -> None:
         side_effects=False,
         null_handling="special",
     )
+    if "fingerprint" in settings:
+        from headwater.pipeline.steps import fingerprint
+
+        fingerprint.register(con, settings["fingerprint"])
     name = settings.get(KEY_ENV)
     if name:
         key = os.environ.get(name, "").encode()

@@ -34,7 +34,7 @@ IMPLICIT = (
     LookupRule(name="user_agent_parse", src="/eventn_ctx/user_agent", dst="/eventn_ctx/parsed_ua"),
 )
 LOOKUPS = ("ip_lookup", "user_agent_parse")
-ORDER = ("bot_detect", "referrer", "campaign", "ip_anonymize", "pii_pseudonymize")
+ORDER = ("bot_detect", "referrer", "campaign", "ip_anonymize", "pii_pseudonymize", "fingerprint")
 """The other enrichments run after the lookups, in this order (``steps.enrichments``)."""
 HEADERS = (context.PROTOCOL, context.USER_AGENT)
 _FORMS = {pa.string(): (TEXT, STRING), pa.float64(): (DOUBLE, FLOAT64), pa.bool_(): (BOOLEAN, BOOL)}
@@ -77,9 +77,14 @@ def is_javascript() -> str:
     )
 
 
-def apply(fields: Fields, rules: list[EnrichmentRule], geoip_database: Path | None) -> Enriched:
+def apply(
+    fields: Fields,
+    rules: list[EnrichmentRule],
+    geoip_database: Path | None,
+    fingerprints: Path | None = None,
+) -> Enriched:
     """``fields`` with every rule's result, and the lookup calls they read (in order: a rule
-    may read what an earlier one wrote)."""
+    may read what an earlier one wrote); ``fingerprints``: the fingerprint store's default file."""
     calls: list[Lookup] = []
     lookups = [r for r in rules if isinstance(r, LookupRule)]
     for rule, implicit in [(r, False) for r in lookups] + [(r, True) for r in IMPLICIT]:
@@ -112,11 +117,11 @@ def apply(fields: Fields, rules: list[EnrichmentRule], geoip_database: Path | No
     for name in ORDER:
         for rule in rules:
             if rule.name == name:
-                _enrich(enriched, rule)
+                _enrich(enriched, rule, fingerprints)
     return enriched
 
 
-def _enrich(out: Enriched, rule: Any) -> None:
+def _enrich(out: Enriched, rule: Any, fingerprints: Path | None) -> None:
     """``rule`` (one of ``ORDER``) applied to ``out``."""
     from headwater.pipeline.steps import enrichments as en
 
@@ -141,3 +146,14 @@ def _enrich(out: Enriched, rule: Any) -> None:
     elif rule.name == "pii_pseudonymize":
         out.fields = en.pii_pseudonymize(dict(out.fields), rule)
         out.settings[en.KEY_ENV] = rule.key_env
+    elif rule.name == "fingerprint":
+        from headwater.pipeline.steps import fingerprint as fp
+
+        argument = fp.argument(out.fields, rule)
+        store = rule.store or fingerprints
+        if store is None:
+            raise ConfigError("a fingerprint rule needs store (no default folder is known here)")
+        if argument is not None:
+            out.lookups.append(Lookup(column, fp.FUNCTION, argument))
+            out.drops.append(Drop(f"COALESCE({sql.ident(column)}, false)", "fingerprint"))
+            out.settings[fp.SETTINGS] = {"store": str(store), "window_s": rule.window_s}
