@@ -594,6 +594,10 @@ def main() -> None:
     from headwater.pipeline.config import SparkConfig
     from headwater.pipeline.spark import spark_session
 
+    if not args.skip_batch and not args.skip_shaped:
+        import shaping_sample  # beside this script: Spark's workers import it too
+
+        shaping_sample.prepare_environment()
     root = bench_directory(args.dir, "bench-pipeline-")
     out: dict[str, Any] = run_facts(root)
     try:
@@ -615,8 +619,6 @@ def main() -> None:
                     dests.append({"id": "pg", "type": "postgres", "dsn": pg.dsn})
                 shaped = None
                 if not args.skip_shaped:
-                    import shaping_sample  # beside this script: Spark's workers import it too
-
                     shaped = shaping_sample.destination(
                         root, root / "batch" / "shaped.duckdb", EVENTS
                     )
