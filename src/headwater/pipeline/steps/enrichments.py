@@ -111,9 +111,10 @@ def referrer(fields: Fields, rule: Referrer, column: str) -> tuple[Fields, str |
     if url is None:
         return fields, None
     page = first_of(fields, rule.page) or sql.NULL
+    host = f"lower(regexp_extract({page}, '^[a-zA-Z][a-zA-Z0-9+.-]*://([^/?#:@]*)', 1))"
     at = pointer_parts(rule.dst)
     out = set_subtree(fields, at, _struct(sql.ident(column), REFERRER, at), None)
-    return out, f"{url}, {page}"
+    return out, f"CASE WHEN {url} IS NOT NULL THEN {url} || chr(31) || COALESCE({host}, '') END"
 
 
 def campaign(fields: Fields, rule: Campaign) -> Fields:
@@ -147,7 +148,16 @@ def ip_anonymize(fields: Fields, rule: IpAnonymize) -> Fields:
     ip = fields.get(at)
     if ip is None:
         return fields
-    value = f"{ANONYMIZE_FUNCTION}({as_text(ip)}, {rule.octets}, {rule.segments})"
+    x = as_text(ip)
+    v4 = f"regexp_full_match({x}, '\\d{{1,3}}(\\.\\d{{1,3}}){{3}}')"
+    n = rule.octets
+    kept = (
+        "'0.0.0.0'"
+        if n == 4
+        else f"regexp_replace({x}, '(\\.\\d{{1,3}}){{{n}}}$', {sql.lit('.0' * n)})"
+    )
+    v6 = f"{ANONYMIZE_FUNCTION}({x}, {rule.octets}, {rule.segments})"  # the rarer case, in Python
+    value = f"CASE WHEN {v4} THEN {kept} WHEN contains({x}, ':') THEN {v6} END"
     return set_subtree(fields, at, {(): Field(at, value, TEXT, STRINGS)}, None)
 
 
@@ -198,8 +208,8 @@ def register(con: Any, settings: Mapping[str, Any]) -> None:
     hosts = settings.get(REFERRERS) or {}
     con.create_function(
         REFERRER_FUNCTION,
-        lambda urls, pages: _referrers(urls, pages, json.dumps(hosts, sort_keys=True)),
-        ["VARCHAR", "VARCHAR"],
+        lambda pairs: _referrers(pairs, json.dumps(hosts, sort_keys=True)),
+        ["VARCHAR"],
         sql_type(REFERRER),
         type="arrow",
         side_effects=False,
@@ -223,14 +233,10 @@ def register(con: Any, settings: Mapping[str, Any]) -> None:
         key = os.environ.get(name, "").encode()
         if not key:
             raise PiiKeyMissing(f"pii_pseudonymize: {name} holds no key in this worker")
-        con.create_function(
-            HMAC_FUNCTION,
-            lambda values: _hashed(values, key),
-            ["VARCHAR"],
-            "VARCHAR",
-            type="arrow",
-            side_effects=False,
-            null_handling="special",
+        inner, outer = _pads(key)  # HMAC-SHA256 by DuckDB's own sha256, vectorised
+        con.execute(
+            f"CREATE OR REPLACE MACRO {HMAC_FUNCTION}(v) AS sha256(from_hex('{outer}') || "
+            f"unhex(sha256(from_hex('{inner}') || encode(v))))"
         )
         con.create_function(
             HMAC_JSON_FUNCTION,
@@ -267,16 +273,13 @@ def _table(hosts_json: str) -> tuple[dict[str, tuple[str, str]], frozenset[str]]
     return table, frozenset(h.lower() for h in extra.get("internal", []))
 
 
-def _referrers(urls: pa.Array, pages: pa.Array, hosts_json: str) -> pa.Array:
-    """Each (referrer, page) pair's ``REFERRER`` row, every distinct pair worked out once."""
+def _referrers(pairs: pa.Array, hosts_json: str) -> pa.Array:
+    """Each "referrer URL, unit separator, page host" text's ``REFERRER`` row, every distinct
+    one worked out once."""
     from headwater.pipeline.steps.lookup import map_distinct
 
     table, internal = _table(hosts_json)
-    pairs = pa.array(
-        [json.dumps([u, p]) for u, p in zip(urls.to_pylist(), pages.to_pylist(), strict=True)],
-        pa.string(),
-    )
-    return map_distinct(pairs, lambda t: _referrer(json.loads(t), table, internal), REFERRER)
+    return map_distinct(pairs, lambda t: _referrer(t, table, internal), REFERRER)
 
 
 @functools.lru_cache(maxsize=20_000)
@@ -290,17 +293,16 @@ def _parts(url: str) -> tuple[str, str] | None:
 
 
 def _referrer(
-    pair: list[Any], table: dict[str, tuple[str, str]], internal: frozenset[str]
+    pair: Any, table: dict[str, tuple[str, str]], internal: frozenset[str]
 ) -> tuple[Any, ...] | None:
-    url, page = pair
-    if not isinstance(url, str) or not url:
+    if not isinstance(pair, str):
         return None
-    found = _parts(url)
+    url, _, own = pair.partition(chr(31))
+    found = _parts(url) if url else None
     if found is None:
         return None
     host, path = found
-    own = _parts(page) if isinstance(page, str) else None
-    if host in internal or (own is not None and own[0] == host):
+    if host in internal or (own and own == host):
         return (host, path, "internal", None)
     probe = host
     while probe:
@@ -333,11 +335,13 @@ def _anonymize(ip: Any, octets: int, segments: int) -> tuple[str | None] | None:
     return (str(type(address)(masked)),)
 
 
-def _hashed(values: pa.Array, key: bytes) -> pa.Array:
-    from headwater.pipeline.steps.lookup import map_distinct
-
-    got = map_distinct(values, lambda v: (_digest(key, v),), (("h", pa.string()),))
-    return got.field("h")
+def _pads(key: bytes) -> tuple[str, str]:
+    """HMAC-SHA256's inner and outer padded keys (RFC 2104), in hex: for the worker's own
+    DuckDB connection only (the program never holds them)."""
+    if len(key) > 64:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(64, b"\0")
+    return bytes(b ^ 0x36 for b in key).hex(), bytes(b ^ 0x5C for b in key).hex()
 
 
 def _digest(key: bytes, value: Any) -> str | None:

@@ -83,40 +83,42 @@ class _Store:
         return _Store(path)
 
     def seen(self, fps: pa.Array, ids: pa.Array, ats: pa.Array, window: float) -> pa.Array:
-        """Per row: its fingerprint's first event is another one, within ``window``."""
+        """Per row: its fingerprint's first event is another one, within ``window``.
+
+        One transaction: every row's fingerprint inserted unless known (SQLite's own loop; the
+        first row of a vector wins among its repeats), the first events read back, and the
+        entries older than the window given to the row that comes after it."""
         rows = list(zip(fps.to_pylist(), ids.to_pylist(), ats.to_pylist(), strict=True))
-        out: list[bool | None] = []
+        full = [r for r in rows if None not in r]
         with self.lock:
             cur = self.con.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
-                mine: dict[str, tuple[str, float]] = {}
-                wanted = sorted({fp for fp, _, _ in rows if fp is not None})
-                for start in range(0, len(wanted), 500):
-                    chunk = wanted[start : start + 500]
-                    marks = ",".join("?" * len(chunk))
-                    for fp, ident, at in cur.execute(
-                        f"SELECT fp, event_id, at FROM seen WHERE fp IN ({marks})", chunk
-                    ):
-                        mine[fp] = (ident, at)
-                changed: dict[str, tuple[str, float]] = {}
-                for fp, ident, at in rows:
-                    if fp is None or ident is None or at is None:
-                        out.append(False)
-                        continue
-                    first = mine.get(fp)
-                    if first is not None and first[0] != ident and 0 <= at - first[1] <= window:
-                        out.append(True)
-                        continue
-                    if first is None or at - first[1] > window:
-                        mine[fp] = changed[fp] = (ident, at)
-                    out.append(False)
                 cur.executemany(
-                    "INSERT OR REPLACE INTO seen (fp, event_id, at) VALUES (?, ?, ?)",
-                    [(fp, i, a) for fp, (i, a) in changed.items()],
+                    "INSERT OR IGNORE INTO seen (fp, event_id, at) VALUES (?, ?, ?)", full
                 )
+                first: dict[str, tuple[str, float]] = {}
+                wanted = list({fp for fp, _, _ in full})
+                for start in range(0, len(wanted), 900):
+                    chunk = wanted[start : start + 900]
+                    marks = ",".join("?" * len(chunk))
+                    query = f"SELECT fp, event_id, at FROM seen WHERE fp IN ({marks})"
+                    first.update((fp, (i, a)) for fp, i, a in cur.execute(query, chunk))
+                out: list[bool] = []
+                stale: list[tuple[str, float, str]] = []
+                for fp, ident, at in rows:
+                    known = first.get(fp) if fp is not None and ident is not None else None
+                    if known is None or at is None or known[0] == ident:
+                        out.append(False)
+                    elif at - known[1] > window:  # long after: this event is the first now
+                        first[fp] = (ident, at)
+                        stale.append((ident, at, fp))
+                        out.append(False)
+                    else:
+                        out.append(at >= known[1])
+                cur.executemany("UPDATE seen SET event_id = ?, at = ? WHERE fp = ?", stale)
                 self.calls += 1
-                newest = max((a for _, _, a in rows if a is not None), default=None)
+                newest = max((a for _, _, a in full), default=None)
                 if self.calls % PRUNE_EVERY == 0 and newest is not None:
                     cur.execute("DELETE FROM seen WHERE at < ?", (newest - window,))
                 cur.execute("COMMIT")
