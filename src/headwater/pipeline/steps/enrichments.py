@@ -118,23 +118,38 @@ def referrer(fields: Fields, rule: Referrer, column: str) -> tuple[Fields, str |
 
 
 def campaign(fields: Fields, rule: Campaign) -> Fields:
+    """The mapped parameters of the page URL's query, and its first click id with its network
+    (``regexp_extract``, each only on URLs that contain the parameter's name: most have none)."""
     url = first_of(fields, rule.src)
     if url is None:
         return fields
 
+    def decoded(raw: str) -> str:
+        return f"url_decode(replace(NULLIF({raw}, ''), '+', ' '))"
+
     def param(name: str) -> str:
         pattern = sql.lit(f"[?&]{_regex(name)}=([^&#]*)")
-        raw = f"NULLIF(regexp_extract({url}, {pattern}, 1), '')"
-        return f"url_decode(replace({raw}, '+', ' '))"
+        found = decoded(f"regexp_extract({url}, {pattern}, 1)")
+        return f"CASE WHEN contains({url}, {sql.lit(name + '=')}) THEN {found} END"
 
     for name, target in rule.mapping.items():
         at = pointer_parts(target)
         fields = set_subtree(fields, at, {(): Field(at, param(name), TEXT, STRINGS)}, None)
     if rule.click_ids:
-        ids = [(param(p), network) for p, network in rule.click_ids.items()]
-        clickid = f"COALESCE({', '.join(v for v, _ in ids)})"
-        network = sql.case([(f"{v} IS NOT NULL", sql.lit(n)) for v, n in ids])
-        for name, value in (("mkt_clickid", clickid), ("mkt_network", network)):
+        names = "|".join(_regex(p) for p in rule.click_ids)
+        pattern = sql.lit(f"[?&]({names})=([^&#]*)")
+        some = " OR ".join(f"contains({url}, {sql.lit(p + '=')})" for p in rule.click_ids)
+        found = f"CASE WHEN {some} THEN regexp_extract({url}, {pattern}, ['name', 'value']) END"
+        found = f"({found})"
+        networks = sql.case(
+            [(f"{found}.name = {sql.lit(p)}", sql.lit(n)) for p, n in rule.click_ids.items()]
+        )
+        clickid = decoded(f"{found}.value")
+        values = {
+            "mkt_clickid": clickid,
+            "mkt_network": f"CASE WHEN {clickid} IS NOT NULL THEN {networks} END",
+        }
+        for name, value in values.items():
             fields = set_subtree(fields, (name,), {(): Field((name,), value, TEXT, STRINGS)}, None)
     return fields
 
