@@ -49,14 +49,18 @@ class LookupRule(Section):
 
 
 class BotDetect(Section):
-    name: Literal["bot_detect"]
+    name: Literal["bot_detect"] = Field(
+        description="Mark the events of bots (crawlers, scripts) by their user agent."
+    )
     src: str = Field(USER_AGENT, description="JSON path of the user agent.")
     dst: str = Field("/bot", description="JSON path of the result: {is_bot, pattern}.")
     drop_bots: bool = Field(False, description="Discard the events of bots (counted, skipped).")
 
 
 class Referrer(Section):
-    name: Literal["referrer"]
+    name: Literal["referrer"] = Field(
+        description="Split the referrer URL into host, path, medium and source."
+    )
     src: list[str] = Field(
         default_factory=lambda: list(REFERRER),
         description="JSON paths of the referrer URL, the first an event has.",
@@ -76,7 +80,9 @@ class Referrer(Section):
 
 
 class Campaign(Section):
-    name: Literal["campaign"]
+    name: Literal["campaign"] = Field(
+        description="Read utm_* parameters and click ids from the page URL."
+    )
     src: list[str] = Field(
         default_factory=lambda: list(PAGE_URL),
         description="JSON paths of the page URL, the first an event has.",
@@ -92,7 +98,7 @@ class Campaign(Section):
 
 
 class IpAnonymize(Section):
-    name: Literal["ip_anonymize"]
+    name: Literal["ip_anonymize"] = Field(description="Zero the last parts of the IP address.")
     field: str = Field("/source_ip", description="JSON path of the IP address.")
     octets: int = Field(1, ge=1, le=4, description="IPv4: how many last octets become 0.")
     segments: int = Field(4, ge=1, le=8, description="IPv6: how many last segments become 0.")
@@ -101,7 +107,9 @@ class IpAnonymize(Section):
 
 
 class PiiPseudonymize(Section):
-    name: Literal["pii_pseudonymize"]
+    name: Literal["pii_pseudonymize"] = Field(
+        description="Replace fields by their keyed hash (HMAC-SHA256)."
+    )
     fields: list[str] = Field(
         min_length=1,
         description="JSON paths replaced by HMAC-SHA256 (hex); * stands for every array item: "
@@ -118,7 +126,9 @@ class PiiPseudonymize(Section):
 
 
 class Fingerprint(Section):
-    name: Literal["fingerprint"]
+    name: Literal["fingerprint"] = Field(
+        description="Drop events whose chosen fields were seen within a window."
+    )
     fields: list[str] = Field(
         min_length=1, description="JSON paths hashed together (with what is below them)."
     )
