@@ -240,3 +240,35 @@ def test_fingerprint_drops_repeats_within_the_window_across_runs_but_never_a_rep
         at("f", "2024-05-01T12:30:00Z"),
     ]
     assert run(later, stamps) == ["e", "f"]  # d repeats b within the hour; e comes after it
+
+
+def test_campaign_takes_the_first_click_id_of_the_url_and_ignores_what_is_no_query(
+    tmp_path: Path,
+) -> None:
+    events = [
+        page("https://shop.example/p?msclkid=M1&gclid=G1"),
+        page("https://shop.example/p#utm_source=x"),  # a fragment, not the query
+        page("https://shop.example/p?xutm_source=x&utm_source="),  # another name; empty
+        page("::not a url?utm_source=odd%2Fvalue"),
+        {"context": {"page": {"url": 42}}},  # not a string
+    ]
+    a, b, c, d, e = shaped(tmp_path, events, [{"name": "campaign"}])
+    assert a is not None and b is not None and c is not None and d is not None and e is not None
+    assert (a["mkt_clickid"], a["mkt_network"]) == ("M1", "Microsoft")
+    for plain in (b, c, e):
+        assert not any(k.startswith("mkt") for k in plain), plain
+    assert d["mkt_source"] == "odd/value"
+
+
+def test_ip_anonymize_reads_every_written_form_of_an_address(tmp_path: Path) -> None:
+    each: list[dict[str, str | None]] = [
+        {context.CLIENT_IP: "2001:db8::1"},
+        {context.CLIENT_IP: "::ffff:81.2.69.142"},
+        {context.CLIENT_IP: "10.1.2.3"},
+    ]
+    rules = [{"name": "ip_anonymize"}]  # defaults: one octet, four segments
+    short, mapped, private = shaped(tmp_path, [{}, {}, {}], rules, each)
+    assert short is not None and mapped is not None and private is not None
+    assert short["source_ip"] == "2001:db8::"
+    assert mapped["source_ip"] == "::"  # an IPv6 address: its last four segments
+    assert private["source_ip"] == "10.1.2.0"
