@@ -4,15 +4,22 @@ this order after ``ip_lookup`` and ``user_agent_parse``:
 
 - ``bot_detect``: ``{is_bot, pattern}`` at ``dst`` from the user agent, by the
   ``crawler-user-agents`` list (the maintained list of crawler patterns, ~1,500 of them, on
-  PyPI; ua-parser's "Spider" device knows far fewer); ``drop_bots`` discards bots' events;
+  PyPI; ua-parser's "Spider" device knows far fewer); ``drop_bots`` discards bots' events.
+  ``crawlerdetect`` was measured beside it (``bench/enrichments.py``): over 978 distinct agents
+  it took 320 ms to this list's 420 ms and both caught the same crawlers, but each distinct
+  agent is checked once per worker, so the difference is under 0.1 s per run; this list is
+  the one more projects use and update (and names the pattern that matched);
 - ``referrer``: ``{host, path, medium, source}`` at ``dst`` from the referrer URL: ``medium`` is
   ``internal`` (the page's own host, or ``internal_hosts``), ``search``, ``social`` or ``email``
   (by the hosts in ``referrers.json`` beside this module, plus the config's ``extra``), else
-  ``unknown``;
+  ``unknown``. PyPI's ``referer-parser``, which ships Snowplow's list, was last released in
+  2016, so the table lives here;
 - ``campaign``: the page URL's ``utm_*`` parameters (URL-decoded) into ``mkt_source``,
   ``mkt_medium``, ``mkt_campaign``, ``mkt_term``, ``mkt_content`` (a configurable mapping), and
   the first click id (``gclid``, ``fbclid``, ``msclkid``...) into ``mkt_clickid`` with its
-  network in ``mkt_network``; pure SQL;
+  network in ``mkt_network``; pure SQL (over 1,000,000 URLs, 3.9 s for twelve parameters by
+  ``regexp_extract`` against 8.6 s for a function parsing each distinct URL in Python: click
+  ids make most URLs distinct);
 - ``ip_anonymize``: the IP address with its last ``octets`` (IPv4) or ``segments`` (IPv6) set to
   0, after the location lookup has read the whole address;
 - ``pii_pseudonymize``: each listed field (and every value below it; ``*`` for every item of an
