@@ -3,7 +3,8 @@ in-process (one Python process, one core, as one Spark task runs it), without en
 with each one alone, then all of them; plus the two choices behind them, measured:
 
 * ``bot_detect``: ``crawler-user-agents`` against ``crawlerdetect`` (when installed) over
-  100,000 user agents (about 1,000 distinct, 3% crawlers), each distinct agent checked once, as the task does;
+  100,000 user agents (about 1,000 distinct, 3% crawlers), each distinct agent checked once,
+  as the task does;
 * ``campaign``: the SQL (``regexp_extract`` per parameter) against a DuckDB function over Arrow
   that parses each distinct URL once in Python, over the same URLs.
 
