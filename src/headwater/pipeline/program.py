@@ -8,7 +8,7 @@ options.
 - ``learn_sql``: over novel rows only, per routed table, which planned fields had a value
   (``learn_fields``, in order);
 - ``headers``: the record headers the query reads; ``functions``: the lookup functions it calls,
-  ``settings`` what they need (``lookup.register``);
+  ``settings`` what the enrichments need (``enrichments.register``);
   ``protobuf``: event type -> message type, decoded before the query;
 - ``shaping``: the contracts and Python functions run over the input before the query
   (``headwater.pipeline.shaping``), empty when there are none;

@@ -240,9 +240,10 @@ class Engine:
         self.con.execute("SET TimeZone = 'UTC'")
         self.con.execute("SET memory_limit = '256MB'")  # results leave as Arrow; little stays
         if program.functions or program.settings:
-            from headwater.pipeline.steps import lookup
+            from headwater.pipeline.steps import enrichments, lookup
 
-            lookup.register(self.con, program.geoip_database, program.settings)
+            lookup.register(self.con, program.geoip_database)
+            enrichments.register(self.con, program.settings)
         self._aside: Any = None
 
     def stream(

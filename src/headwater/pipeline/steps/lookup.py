@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -169,11 +169,9 @@ def _agent_of(value: Any) -> Row | None:
     return parse_agent(value) if isinstance(value, str) else None
 
 
-def register(
-    con: Any, geoip_database: str | None, settings: Mapping[str, Any] | None = None
-) -> None:
+def register(con: Any, geoip_database: str | None) -> None:
     """Make ``hw_user_agent(text)`` and, with a database, ``hw_geo(text)`` callable on the
-    DuckDB connection ``con`` (``settings``: what the enrichments planned need)."""
+    DuckDB connection ``con``."""
     con.create_function(
         USER_AGENT_FUNCTION,
         lambda agents: map_distinct(agents, _agent_of, USER_AGENT),
@@ -183,9 +181,6 @@ def register(
         side_effects=False,
         null_handling="special",
     )
-    from headwater.pipeline.steps import enrichments
-
-    enrichments.register(con, settings or {})
     if geoip_database is not None:
         path = geoip_database
         con.create_function(
