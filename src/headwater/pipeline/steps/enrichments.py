@@ -216,35 +216,29 @@ def pii_pseudonymize(fields: Fields, rule: PiiPseudonymize) -> Fields:
 # -- the functions the tasks call -------------------------------------------------------------
 def register(con: Any, settings: Mapping[str, Any]) -> None:
     """Make the enrichments' DuckDB functions callable on ``con``."""
-    from headwater.pipeline.steps.lookup import map_distinct, sql_type
+    from headwater.pipeline.steps.lookup import arrow_function, map_distinct, sql_type
 
-    con.create_function(
+    arrow_function(
+        con,
         BOT_FUNCTION,
         lambda agents: map_distinct(agents, _bot, BOT),
         ["VARCHAR"],
         sql_type(BOT),
-        type="arrow",
-        side_effects=False,
-        null_handling="special",
     )
     hosts = settings.get(REFERRERS) or {}
-    con.create_function(
+    arrow_function(
+        con,
         REFERRER_FUNCTION,
         lambda pairs: _referrers(pairs, json.dumps(hosts, sort_keys=True)),
         ["VARCHAR"],
         sql_type(REFERRER),
-        type="arrow",
-        side_effects=False,
-        null_handling="special",
     )
-    con.create_function(
+    arrow_function(
+        con,
         ANONYMIZE_FUNCTION,
         lambda ips, octets, segments: _anonymized(ips, octets, segments),
         ["VARCHAR", "INTEGER", "INTEGER"],
         "VARCHAR",
-        type="arrow",
-        side_effects=False,
-        null_handling="special",
     )
     if "fingerprint" in settings:
         from headwater.pipeline.steps import fingerprint
@@ -260,14 +254,12 @@ def register(con: Any, settings: Mapping[str, Any]) -> None:
             f"CREATE OR REPLACE MACRO {HMAC_FUNCTION}(v) AS sha256(from_hex('{outer}') || "
             f"unhex(sha256(from_hex('{inner}') || encode(v))))"
         )
-        con.create_function(
+        arrow_function(
+            con,
             HMAC_JSON_FUNCTION,
             lambda texts, paths: _hashed_json(texts, paths, key),
             ["VARCHAR", "VARCHAR"],
             "VARCHAR",
-            type="arrow",
-            side_effects=False,
-            null_handling="special",
         )
 
 

@@ -55,15 +55,16 @@ def argument(fields: Fields, rule: Fingerprint) -> str | None:
 
 
 def register(con: Any, settings: dict[str, Any]) -> None:
+    from headwater.pipeline.steps.lookup import arrow_function
+
     store, window = settings["store"], float(settings["window_s"])
-    con.create_function(
+    arrow_function(
+        con,
         FUNCTION,
         lambda fps, ids, ats: _Store.at(store).seen(fps, ids, ats, window),
         ["VARCHAR", "VARCHAR", "DOUBLE"],
         "BOOLEAN",
-        type="arrow",
         side_effects=True,
-        null_handling="special",
     )
 
 

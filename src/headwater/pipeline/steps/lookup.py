@@ -169,26 +169,44 @@ def _agent_of(value: Any) -> Row | None:
     return parse_agent(value) if isinstance(value, str) else None
 
 
+def arrow_function(
+    con: Any,
+    name: str,
+    fn: Callable[..., Any],
+    arguments: list[str],
+    returns: str,
+    *,
+    side_effects: bool = False,
+) -> None:
+    """Register ``fn`` on the DuckDB connection ``con`` as ``name``, called with Arrow arrays
+    (a vector of rows at a time), nulls included."""
+    con.create_function(
+        name,
+        fn,
+        arguments,
+        returns,
+        type="arrow",
+        side_effects=side_effects,
+        null_handling="special",
+    )
+
+
 def register(con: Any, geoip_database: str | None) -> None:
     """Make ``hw_user_agent(text)`` and, with a database, ``hw_geo(text)`` callable on the
     DuckDB connection ``con``."""
-    con.create_function(
+    arrow_function(
+        con,
         USER_AGENT_FUNCTION,
         lambda agents: map_distinct(agents, _agent_of, USER_AGENT),
         ["VARCHAR"],
         sql_type(USER_AGENT),
-        type="arrow",
-        side_effects=False,
-        null_handling="special",
     )
     if geoip_database is not None:
         path = geoip_database
-        con.create_function(
+        arrow_function(
+            con,
             GEO_FUNCTION,
             lambda ips: map_distinct(ips, lambda ip: geo_of(_reader(path), ip), GEO),
             ["VARCHAR"],
             sql_type(GEO),
-            type="arrow",
-            side_effects=False,
-            null_handling="special",
         )
