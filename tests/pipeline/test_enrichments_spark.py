@@ -65,4 +65,4 @@ def test_enrichments_shape_what_lands_and_drop_bots_and_repeats_across_runs(
     second = run_pipeline(spark, config).queries[0].writer
     assert second.last is not None and second.last.skipped == 1
     assert rows(config, "select n from events order by n") == [(1,), (3,), (4,), (6,)]
-    assert len(list((tmp_path / "data").rglob("warehouse.fingerprints.sqlite"))) == 1
+    assert len(list((tmp_path / "data").rglob("warehouse.fingerprints"))) == 1

@@ -137,8 +137,8 @@ class Fingerprint(Section):
     )
     store: Path | None = Field(
         None,
-        description="The SQLite file of fingerprints seen (default: <checkpoints>/<destination>"
-        ".fingerprints.sqlite); on a Spark cluster, on storage every executor reaches.",
+        description="The folder of fingerprints seen (default: <checkpoints>/<destination>"
+        ".fingerprints); on a Spark cluster, on storage every executor reaches.",
     )
 
     @field_validator("fields")

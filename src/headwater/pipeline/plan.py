@@ -153,7 +153,7 @@ def plan(
     shape = knowledge.shape
     fields = decode.fields(shape)
     fields = context.enrich(fields)
-    seen = state_dir / f"{config.id}.fingerprints.sqlite" if state_dir is not None else None
+    seen = state_dir / f"{config.id}.fingerprints" if state_dir is not None else None
     rules = list(config.enrichment)
     enriched = lookup_rules.apply(fields, rules, pipeline.geoip_database, seen)
     fields, lookups = enriched.fields, enriched.lookups

@@ -205,10 +205,10 @@ def test_the_settings_never_carry_the_key(tmp_path: Path, monkeypatch: pytest.Mo
 def test_fingerprint_drops_repeats_within_the_window_across_runs_but_never_a_replayed_event(
     tmp_path: Path,
 ) -> None:
-    from headwater.pipeline.steps import fingerprint
+    from headwater.pipeline.steps import seen_store
     from headwater.testing.pipeline import process
 
-    store = tmp_path / "seen.sqlite"
+    store = tmp_path / "seen"
     rule = {"name": "fingerprint", "fields": ["/order"], "window_s": 3600, "store": str(store)}
     dest = {
         "type": "files",
@@ -232,7 +232,7 @@ def test_fingerprint_drops_repeats_within_the_window_across_runs_but_never_a_rep
     ]
     assert run(first, stamps) == ["a", "b"]  # c repeats a's order
     assert run(first, stamps) == ["a", "b"]  # the same batch again: the same answer
-    fingerprint._Store.at.cache_clear()  # a restarted worker: the file holds what was seen
+    seen_store.forget()  # a restarted worker: the file holds what was seen
     later = [{"order": 2}, {"order": 1}, {"order": 3}]
     stamps = [
         at("d", "2024-05-01T12:30:00Z"),

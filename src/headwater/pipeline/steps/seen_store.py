@@ -1,0 +1,205 @@
+"""The fingerprint enrichment's store: per fingerprint, the first event seen with it (a 64-bit hash
+of its id) and that event's receive time, shared by every task of a destination on one machine.
+
+The store is a folder of immutable *segments*, each a file of fixed-size entries sorted by
+fingerprint, written once with a sequential write and renamed into place. A call takes the
+folder's lock (``flock``), reads the segments other processes wrote since its last call, answers
+its rows from them (newest segment first) and writes what the rows taught as a new segment; then
+it merges the newest segments while the older of the last two is at most twice the newer's size
+(so there are about log2(n) segments and each entry is rewritten about log2(n) times), dropping
+entries more than two windows older than the newest receive time: a batch whose times span up to
+a window answers the same when it runs again (learning, then writing; after a crash), even after
+its own later rows moved the newest time on. Nothing is written in place and nothing at random:
+the SQLite table this replaced spent ~20 µs an event on random-key inserts.
+
+A segment is named ``<newest>-<oldest>.seg`` by the sequence numbers it covers; a merged segment
+covers its inputs', which it replaces. A process killed between writing a merged segment and
+deleting its inputs leaves both; the next call deletes the covered ones. The files are not
+fsynced: a process that dies loses nothing (the page cache keeps it), a machine that loses power
+may forget recent fingerprints, so a repeat could land; never an event lost.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ENTRY = np.dtype([("fp", "<u8"), ("id", "<u8"), ("at", "<f8")])
+SUFFIX = ".seg"
+LOCK = "lock"
+TMP = ".tmp"
+KEEP_WINDOWS = 2  # entries are kept this many windows behind the newest receive time
+
+
+@dataclass(frozen=True)
+class _Segment:
+    newest: int
+    oldest: int
+    entries: np.ndarray  # ENTRY, sorted by fp, one per fp
+
+    @property
+    def name(self) -> str:
+        return f"{self.newest:012d}-{self.oldest:012d}{SUFFIX}"
+
+
+def _covers(a: _Segment, b: _Segment) -> bool:
+    return a is not b and a.oldest <= b.oldest and b.newest <= a.newest
+
+
+class SeenStore:
+    """The segments of one folder, as this process last read them."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.segments: dict[str, _Segment] = {}  # name -> segment
+        self.thread_lock = threading.Lock()
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self.thread_lock, open(self.folder / LOCK, "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _refresh(self) -> list[_Segment]:
+        """The live segments, oldest first (those covered by a merge deleted)."""
+        listed = os.listdir(self.folder)
+        for dead in (n for n in listed if n.endswith(TMP)):  # writes are made under the lock
+            (self.folder / dead).unlink(missing_ok=True)
+        names = {n for n in listed if n.endswith(SUFFIX)}
+        for gone in set(self.segments) - names:
+            del self.segments[gone]
+        for name in names - set(self.segments):
+            newest, oldest = (int(p) for p in name[: -len(SUFFIX)].split("-"))
+            entries = np.fromfile(self.folder / name, dtype=ENTRY)
+            self.segments[name] = _Segment(newest, oldest, entries)
+        live = list(self.segments.values())
+        for seg in live:
+            if any(_covers(other, seg) for other in live):
+                self._delete(seg)
+        return sorted(self.segments.values(), key=lambda s: s.newest)
+
+    def _delete(self, seg: _Segment) -> None:
+        self.segments.pop(seg.name, None)
+        (self.folder / seg.name).unlink(missing_ok=True)
+
+    def _write(self, seg: _Segment) -> None:
+        tmp = self.folder / f".{seg.name}.{os.getpid()}{TMP}"
+        seg.entries.tofile(tmp)
+        tmp.rename(self.folder / seg.name)
+        self.segments[seg.name] = seg
+
+    def seen(self, fps: np.ndarray, ids: np.ndarray, ats: np.ndarray, window: float) -> np.ndarray:
+        """Per row (fingerprint, id hash, receive time; rows with a NaN time take no part): its
+        fingerprint's first event is another one, at or before it, within ``window``. The first
+        row of a fingerprint not yet known becomes its first event; a row long after its
+        fingerprint's first event (by more than the window) becomes the first one."""
+        n = len(fps)
+        out = np.zeros(n, dtype=bool)
+        valid = ~np.isnan(ats)
+        rows = np.flatnonzero(valid)
+        if not len(rows):
+            return out
+        with self._locked():
+            segments = self._refresh()
+            keys = fps[rows]
+            known = np.zeros(len(rows), dtype=bool)
+            known_id = np.zeros(len(rows), dtype="<u8")
+            known_at = np.zeros(len(rows), dtype="<f8")
+            for seg in reversed(segments):  # newest first: the first match is the current one
+                todo = np.flatnonzero(~known)
+                if not len(todo):
+                    break
+                at = np.searchsorted(seg.entries["fp"], keys[todo])
+                at[at == len(seg.entries)] = 0
+                hit = seg.entries["fp"][at] == keys[todo]
+                found, where = todo[hit], at[hit]
+                known[found] = True
+                known_id[found] = seg.entries["id"][where]
+                known_at[found] = seg.entries["at"][where]
+            _, first_of, counts = np.unique(keys, return_index=True, return_counts=True)
+            repeated = np.isin(keys, keys[first_of[counts > 1]])
+            simple = ~known & ~repeated  # the common case: new and alone in the call
+            fresh = [np.flatnonzero(simple)]
+            changed: dict[int, tuple[int, float]] = {}
+            first: dict[int, tuple[int, float]] = {}
+            for i in np.flatnonzero(~simple).tolist():  # in row order: the first row wins
+                fp, ident, when = int(keys[i]), int(ids[rows[i]]), float(ats[rows[i]])
+                prior = first.get(fp)
+                if prior is None and known[i]:
+                    prior = (int(known_id[i]), float(known_at[i]))
+                if prior is None or when - prior[1] > window:
+                    first[fp] = changed[fp] = (ident, when)
+                elif prior[0] != ident:
+                    first[fp] = prior
+                    out[rows[i]] = when >= prior[1]
+                else:
+                    first[fp] = prior
+            taught = np.empty(len(fresh[0]) + len(changed), dtype=ENTRY)
+            taught["fp"][: len(fresh[0])] = keys[fresh[0]]
+            taught["id"][: len(fresh[0])] = ids[rows[fresh[0]]]
+            taught["at"][: len(fresh[0])] = ats[rows[fresh[0]]]
+            tail = taught[len(fresh[0]) :]
+            tail["fp"] = list(changed)
+            tail["id"] = [v[0] for v in changed.values()]
+            tail["at"] = [v[1] for v in changed.values()]
+            if len(taught):
+                self._add(segments, np.sort(taught, order="fp"), float(ats[rows].max()), window)
+        return out
+
+    def _add(
+        self, segments: list[_Segment], entries: np.ndarray, now: float, window: float
+    ) -> None:
+        """Write ``entries`` as the newest segment, then merge while the last two are alike in
+        size."""
+        seq = (segments[-1].newest if segments else 0) + 1
+        self._write(_Segment(seq, seq, entries))
+        segments = [*segments, self.segments[f"{seq:012d}-{seq:012d}{SUFFIX}"]]
+        while len(segments) >= 2 and len(segments[-2].entries) <= 2 * len(segments[-1].entries):
+            older, newer = segments[-2], segments[-1]
+            merged = _merge(older.entries, newer.entries, now - KEEP_WINDOWS * window)
+            seg = _Segment(newer.newest, older.oldest, merged)
+            self._write(seg)  # even empty: the newest sequence number stays on disk
+            self._delete(older)
+            self._delete(newer)
+            segments = [*segments[:-2], seg]
+
+
+def _merge(older: np.ndarray, newer: np.ndarray, oldest: float) -> np.ndarray:
+    """One sorted run of both, the newer entry kept for a fingerprint in both, those older than
+    ``oldest`` dropped."""
+    both = np.concatenate([older, newer])
+    both = both[np.argsort(both["fp"], kind="stable")]  # of equal fps, the newer stays last
+    last = np.ones(len(both), dtype=bool)
+    last[:-1] = both["fp"][:-1] != both["fp"][1:]
+    both = both[last]
+    return both[both["at"] >= oldest]
+
+
+_STORES: dict[str, SeenStore] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def at(folder: str) -> SeenStore:
+    """This process's view of the store at ``folder``."""
+    with _STORES_LOCK:
+        store = _STORES.get(folder)
+        if store is None:
+            store = _STORES[folder] = SeenStore(Path(folder))
+        return store
+
+
+def forget() -> None:
+    """Drop every view (as a restarted worker starts)."""
+    with _STORES_LOCK:
+        _STORES.clear()
