@@ -115,3 +115,19 @@ def test_two_processes_on_one_folder_keep_each_fingerprint_once(tmp_path: Path) 
         assert w.returncode == 0
         kept += [int(x) for x in out.split()]
     assert sorted(kept) == list(range(2000))  # every fingerprint kept by exactly one of them
+
+
+def test_a_merge_keeps_one_entry_per_fingerprint_the_newer_one_in_order() -> None:
+    from headwater.pipeline.steps.seen_store import _merge
+
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        old_fps = np.unique(rng.integers(0, 60, rng.integers(0, 40), dtype="<u8"))
+        new_fps = np.unique(rng.integers(0, 60, rng.integers(0, 40), dtype="<u8"))
+        older = np.array([(f, 1, float(f)) for f in old_fps.tolist()], dtype=ENTRY)
+        newer = np.array([(f, 2, float(f)) for f in new_fps.tolist()], dtype=ENTRY)
+        merged = _merge(older, newer, 10.0)  # entries at times under 10 go
+        expected = {f: 1 for f in old_fps.tolist()} | {f: 2 for f in new_fps.tolist()}
+        expected = {f: v for f, v in expected.items() if f >= 10}
+        assert merged["fp"].tolist() == sorted(expected)
+        assert merged["id"].tolist() == [expected[f] for f in sorted(expected)]

@@ -43,6 +43,11 @@ class _Segment:
     newest: int
     oldest: int
     entries: np.ndarray  # ENTRY, sorted by fp, one per fp
+    fps: np.ndarray  # its fingerprints, contiguous (searched per call)
+
+    @classmethod
+    def of(cls, newest: int, oldest: int, entries: np.ndarray) -> _Segment:
+        return cls(newest, oldest, entries, np.ascontiguousarray(entries["fp"]))
 
     @property
     def name(self) -> str:
@@ -82,7 +87,7 @@ class SeenStore:
         for name in names - set(self.segments):
             newest, oldest = (int(p) for p in name[: -len(SUFFIX)].split("-"))
             entries = np.fromfile(self.folder / name, dtype=ENTRY)
-            self.segments[name] = _Segment(newest, oldest, entries)
+            self.segments[name] = _Segment.of(newest, oldest, entries)
         live = list(self.segments.values())
         for seg in live:
             if any(_covers(other, seg) for other in live):
@@ -113,24 +118,27 @@ class SeenStore:
         with self._locked():
             segments = self._refresh()
             keys = fps[rows]
+            order = np.argsort(keys, kind="stable")
+            ordered = keys[order]  # searched in key order: the segments read front to back
             known = np.zeros(len(rows), dtype=bool)
             known_id = np.zeros(len(rows), dtype="<u8")
             known_at = np.zeros(len(rows), dtype="<f8")
             for seg in reversed(segments):  # newest first: the first match is the current one
-                todo = np.flatnonzero(~known)
+                todo = np.flatnonzero(~known[order])
                 if not len(todo):
                     break
-                at = np.searchsorted(seg.entries["fp"], keys[todo])
-                at[at == len(seg.entries)] = 0
-                hit = seg.entries["fp"][at] == keys[todo]
-                found, where = todo[hit], at[hit]
+                at = np.searchsorted(seg.fps, ordered[todo])
+                at[at == len(seg.fps)] = 0
+                hit = seg.fps[at] == ordered[todo]
+                found, where = order[todo[hit]], at[hit]
                 known[found] = True
                 known_id[found] = seg.entries["id"][where]
                 known_at[found] = seg.entries["at"][where]
-            _, first_of, counts = np.unique(keys, return_index=True, return_counts=True)
-            repeated = np.isin(keys, keys[first_of[counts > 1]])
+            twin = ordered[1:] == ordered[:-1]  # next to its repeat in key order
+            repeated = np.zeros(len(keys), dtype=bool)
+            repeated[order[1:][twin]] = True
+            repeated[order[:-1][twin]] = True
             simple = ~known & ~repeated  # the common case: new and alone in the call
-            fresh = [np.flatnonzero(simple)]
             changed: dict[int, tuple[int, float]] = {}
             first: dict[int, tuple[int, float]] = {}
             for i in np.flatnonzero(~simple).tolist():  # in row order: the first row wins
@@ -145,16 +153,19 @@ class SeenStore:
                     out[rows[i]] = when >= prior[1]
                 else:
                     first[fp] = prior
-            taught = np.empty(len(fresh[0]) + len(changed), dtype=ENTRY)
-            taught["fp"][: len(fresh[0])] = keys[fresh[0]]
-            taught["id"][: len(fresh[0])] = ids[rows[fresh[0]]]
-            taught["at"][: len(fresh[0])] = ats[rows[fresh[0]]]
-            tail = taught[len(fresh[0]) :]
-            tail["fp"] = list(changed)
-            tail["id"] = [v[0] for v in changed.values()]
-            tail["at"] = [v[1] for v in changed.values()]
+            fresh = order[simple[order]]  # in key order
+            taught = np.empty(len(fresh) + len(changed), dtype=ENTRY)
+            taught["fp"][: len(fresh)] = keys[fresh]
+            taught["id"][: len(fresh)] = ids[rows[fresh]]
+            taught["at"][: len(fresh)] = ats[rows[fresh]]
+            if changed:
+                tail = taught[len(fresh) :]
+                tail["fp"] = list(changed)
+                tail["id"] = [v[0] for v in changed.values()]
+                tail["at"] = [v[1] for v in changed.values()]
+                taught = taught[np.argsort(taught["fp"], kind="stable")]
             if len(taught):
-                self._add(segments, np.sort(taught, order="fp"), float(ats[rows].max()), window)
+                self._add(segments, taught, float(ats[rows].max()), window)
         return out
 
     def _add(
@@ -163,12 +174,12 @@ class SeenStore:
         """Write ``entries`` as the newest segment, then merge while the last two are alike in
         size."""
         seq = (segments[-1].newest if segments else 0) + 1
-        self._write(_Segment(seq, seq, entries))
+        self._write(_Segment.of(seq, seq, entries))
         segments = [*segments, self.segments[f"{seq:012d}-{seq:012d}{SUFFIX}"]]
         while len(segments) >= 2 and len(segments[-2].entries) <= 2 * len(segments[-1].entries):
             older, newer = segments[-2], segments[-1]
             merged = _merge(older.entries, newer.entries, now - KEEP_WINDOWS * window)
-            seg = _Segment(newer.newest, older.oldest, merged)
+            seg = _Segment.of(newer.newest, older.oldest, merged)
             self._write(seg)  # even empty: the newest sequence number stays on disk
             self._delete(older)
             self._delete(newer)
@@ -178,12 +189,19 @@ class SeenStore:
 def _merge(older: np.ndarray, newer: np.ndarray, oldest: float) -> np.ndarray:
     """One sorted run of both, the newer entry kept for a fingerprint in both, those older than
     ``oldest`` dropped."""
-    both = np.concatenate([older, newer])
-    both = both[np.argsort(both["fp"], kind="stable")]  # of equal fps, the newer stays last
-    last = np.ones(len(both), dtype=bool)
-    last[:-1] = both["fp"][:-1] != both["fp"][1:]
-    both = both[last]
-    return both[both["at"] >= oldest]
+    older_fps = np.ascontiguousarray(older["fp"])
+    at = np.searchsorted(older_fps, np.ascontiguousarray(newer["fp"]))
+    inside = at < len(older)
+    same = np.zeros(len(newer), dtype=bool)
+    same[inside] = older_fps[at[inside]] == newer["fp"][inside]
+    if same.any():  # the older entry of a fingerprint in both goes
+        keep = np.ones(len(older), dtype=bool)
+        keep[at[same]] = False
+        older = older[keep]
+        at = at - (np.cumsum(same) - same)  # less those removed before each place
+    both = np.insert(older, at, newer)
+    stale = both["at"] < oldest
+    return both[~stale] if stale.any() else both
 
 
 _STORES: dict[str, SeenStore] = {}
