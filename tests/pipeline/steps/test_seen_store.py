@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from headwater.pipeline.steps.seen_store import ENTRY, SUFFIX, SeenStore
+from headwater.pipeline.steps.seen_store import SUFFIX, Entries, SeenStore
 
 HOUR = 3600.0
 
@@ -31,6 +31,14 @@ def test_the_first_row_of_a_fingerprint_wins_and_a_run_again_answers_the_same(
     assert store.seen(fps, ids, ats, HOUR).tolist() == expected
     assert store.seen(fps, ids, ats, HOUR).tolist() == expected
     assert SeenStore(tmp_path).seen(fps, ids, ats, HOUR).tolist() == expected  # a new process
+
+
+def test_fingerprints_and_ids_use_all_64_bits(tmp_path: Path) -> None:
+    big = 2**64 - 5
+    fps, ids = u64(big, big, big - 1), u64(big - 2, big - 3, big - 2)
+    expected = [False, True, False]
+    assert SeenStore(tmp_path).seen(fps, ids, times(1, 2, 3), HOUR).tolist() == expected
+    assert SeenStore(tmp_path).seen(fps, ids, times(1, 2, 3), HOUR).tolist() == expected
 
 
 def test_a_row_without_a_time_takes_no_part(tmp_path: Path) -> None:
@@ -57,27 +65,28 @@ def test_merges_keep_about_log2_segments_and_drop_what_is_two_windows_old(
         assert not store.seen(fps, fps, np.full(100, float(call)), 1e9).any()
     names = sorted(p.name for p in tmp_path.glob(f"*{SUFFIX}"))
     assert 1 <= len(names) <= 9, names  # log2(200) + 1
-    kept = np.concatenate([np.fromfile(tmp_path / n, dtype=ENTRY) for n in names])
-    assert sorted(kept["fp"].tolist()) == list(range(20_000))  # each once
+    kept = np.concatenate([Entries.read(tmp_path / n).fps for n in names])
+    assert sorted(kept.tolist()) == list(range(20_000))  # each once
     again = np.arange(0, 20_000, 7, dtype="<u8")
     assert store.seen(again, again + 1, np.full(len(again), 300.0), 1e9).all()
     # a window of 10: a call at 1,000 as large as all before it merges them, dropping all
     late = np.arange(10**9, 10**9 + 20_000, dtype="<u8")
     store.seen(late, late, np.full(len(late), 1000.0), 10.0)
-    kept = np.concatenate([np.fromfile(p, dtype=ENTRY) for p in tmp_path.glob(f"*{SUFFIX}")])
-    assert sorted(kept["fp"].tolist()) == late.tolist()
+    kept = np.concatenate([Entries.read(p).fps for p in tmp_path.glob(f"*{SUFFIX}")])
+    assert sorted(kept.tolist()) == late.tolist()
 
 
-def entries(*rows: tuple[int, int, float]) -> np.ndarray:
-    return np.array(list(rows), dtype=ENTRY)
+def entries(*rows: tuple[int, int, float]) -> Entries:
+    fps, ids, ats = zip(*rows, strict=True)
+    return Entries(u64(*fps), u64(*ids), times(*ats))
 
 
 def test_a_merge_killed_before_deleting_its_inputs_leaves_nothing_wrong(tmp_path: Path) -> None:
     def segment(newest: int, oldest: int) -> Path:
         return tmp_path / f"{newest:012d}-{oldest:012d}{SUFFIX}"
 
-    entries((1, 10, 1.0)).tofile(segment(1, 1))  # an input the merge did not delete
-    entries((1, 10, 1.0), (2, 20, 2.0)).tofile(segment(2, 1))  # the merge's output
+    entries((1, 10, 1.0)).write(segment(1, 1))  # an input the merge did not delete
+    entries((1, 10, 1.0), (2, 20, 2.0)).write(segment(2, 1))  # the merge's output
     (tmp_path / f".{segment(3, 3).name}.123.tmp").write_bytes(b"half")  # a write cut short
     store = SeenStore(tmp_path)
     assert store.seen(u64(1, 2), u64(11, 20), times(3, 3), HOUR).tolist() == [True, False]
@@ -124,10 +133,10 @@ def test_a_merge_keeps_one_entry_per_fingerprint_the_newer_one_in_order() -> Non
     for _ in range(50):
         old_fps = np.unique(rng.integers(0, 60, rng.integers(0, 40), dtype="<u8"))
         new_fps = np.unique(rng.integers(0, 60, rng.integers(0, 40), dtype="<u8"))
-        older = np.array([(f, 1, float(f)) for f in old_fps.tolist()], dtype=ENTRY)
-        newer = np.array([(f, 2, float(f)) for f in new_fps.tolist()], dtype=ENTRY)
+        older = Entries(old_fps, np.full(len(old_fps), 1, "<u8"), old_fps.astype("<f8"))
+        newer = Entries(new_fps, np.full(len(new_fps), 2, "<u8"), new_fps.astype("<f8"))
         merged = _merge(older, newer, 10.0)  # entries at times under 10 go
         expected = {f: 1 for f in old_fps.tolist()} | {f: 2 for f in new_fps.tolist()}
         expected = {f: v for f, v in expected.items() if f >= 10}
-        assert merged["fp"].tolist() == sorted(expected)
-        assert merged["id"].tolist() == [expected[f] for f in sorted(expected)]
+        assert merged.fps.tolist() == sorted(expected)
+        assert merged.ids.tolist() == [expected[f] for f in sorted(expected)]

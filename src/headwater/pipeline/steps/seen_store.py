@@ -1,16 +1,17 @@
 """The fingerprint enrichment's store: per fingerprint, the first event seen with it (a 64-bit hash
 of its id) and that event's receive time, shared by every task of a destination on one machine.
 
-The store is a folder of immutable *segments*, each a file of fixed-size entries sorted by
-fingerprint, written once with a sequential write and renamed into place. A call takes the
-folder's lock (``flock``), reads the segments other processes wrote since its last call, answers
-its rows from them (newest segment first) and writes what the rows taught as a new segment; then
-it merges the newest segments while the older of the last two is at most twice the newer's size
-(so there are about log2(n) segments and each entry is rewritten about log2(n) times), dropping
-entries more than two windows older than the newest receive time: a batch whose times span up to
-a window answers the same when it runs again (learning, then writing; after a crash), even after
-its own later rows moved the newest time on. Nothing is written in place and nothing at random:
-the SQLite table this replaced spent ~20 µs an event on random-key inserts.
+The store is a folder of immutable *segments*, each a file of entries sorted by fingerprint (in
+three columns, mapped into memory), written once with a sequential write and renamed into place.
+A call takes the folder's lock (``flock``), reads the segments other processes wrote since its
+last call, answers its rows from them (newest segment first) and writes what the rows taught as
+a new segment; then it merges the newest segments while the older of the last two is at most
+twice the newer's size (so there are about log2(n) segments and each entry is rewritten about
+log2(n) times), dropping entries more than two windows older than the newest receive time: a
+batch whose times span up to a window answers the same when it runs again (learning, then
+writing; after a crash), even after its own later rows moved the newest time on. Nothing is
+written in place and nothing at random: the SQLite table this replaced spent ~20 µs an event on
+random-key inserts.
 
 A segment is named ``<newest>-<oldest>.seg`` by the sequence numbers it covers; a merged segment
 covers its inputs', which it replaces. A process killed between writing a merged segment and
@@ -31,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 
-ENTRY = np.dtype([("fp", "<u8"), ("id", "<u8"), ("at", "<f8")])
 SUFFIX = ".seg"
 LOCK = "lock"
 TMP = ".tmp"
@@ -39,15 +39,44 @@ KEEP_WINDOWS = 2  # entries are kept this many windows behind the newest receive
 
 
 @dataclass(frozen=True)
+class Entries:
+    """Entries sorted by fingerprint, one per fingerprint, as three columns (a segment's file
+    holds them one after the other: n fingerprints, n ids, n times, 8 bytes each)."""
+
+    fps: np.ndarray  # uint64
+    ids: np.ndarray  # uint64
+    ats: np.ndarray  # float64, epoch seconds
+
+    def __len__(self) -> int:
+        return len(self.fps)
+
+    @property
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return (self.fps, self.ids, self.ats)
+
+    def take(self, which: np.ndarray) -> Entries:
+        return Entries(self.fps[which], self.ids[which], self.ats[which])
+
+    def write(self, path: Path) -> None:
+        with open(path, "wb") as out:
+            for column in self.columns:
+                out.write(np.ascontiguousarray(column).data)
+
+    @classmethod
+    def read(cls, path: Path) -> Entries:
+        """The file's entries, mapped (only the pages searched are read)."""
+        n = path.stat().st_size // 24
+        if not n:
+            return cls(*(np.zeros(0, dtype=t) for t in ("<u8", "<u8", "<f8")))
+        mapped = np.memmap(path, dtype="<u8", mode="r", shape=(3 * n,))
+        return cls(mapped[:n], mapped[n : 2 * n], mapped[2 * n :].view("<f8"))
+
+
+@dataclass(frozen=True)
 class _Segment:
     newest: int
     oldest: int
-    entries: np.ndarray  # ENTRY, sorted by fp, one per fp
-    fps: np.ndarray  # its fingerprints, contiguous (searched per call)
-
-    @classmethod
-    def of(cls, newest: int, oldest: int, entries: np.ndarray) -> _Segment:
-        return cls(newest, oldest, entries, np.ascontiguousarray(entries["fp"]))
+    entries: Entries
 
     @property
     def name(self) -> str:
@@ -86,8 +115,7 @@ class SeenStore:
             del self.segments[gone]
         for name in names - set(self.segments):
             newest, oldest = (int(p) for p in name[: -len(SUFFIX)].split("-"))
-            entries = np.fromfile(self.folder / name, dtype=ENTRY)
-            self.segments[name] = _Segment.of(newest, oldest, entries)
+            self.segments[name] = _Segment(newest, oldest, Entries.read(self.folder / name))
         live = list(self.segments.values())
         for seg in live:
             if any(_covers(other, seg) for other in live):
@@ -98,11 +126,16 @@ class SeenStore:
         self.segments.pop(seg.name, None)
         (self.folder / seg.name).unlink(missing_ok=True)
 
-    def _write(self, seg: _Segment) -> None:
-        tmp = self.folder / f".{seg.name}.{os.getpid()}{TMP}"
-        seg.entries.tofile(tmp)
-        tmp.rename(self.folder / seg.name)
-        self.segments[seg.name] = seg
+    def _write(self, newest: int, oldest: int, entries: Entries) -> _Segment:
+        """The segment written and renamed into place, mapped from its file (the page cache
+        holds it, not this process)."""
+        name = _Segment(newest, oldest, entries).name
+        tmp = self.folder / f".{name}.{os.getpid()}{TMP}"
+        entries.write(tmp)
+        tmp.rename(self.folder / name)
+        seg = _Segment(newest, oldest, Entries.read(self.folder / name))
+        self.segments[name] = seg
+        return seg
 
     def seen(self, fps: np.ndarray, ids: np.ndarray, ats: np.ndarray, window: float) -> np.ndarray:
         """Per row (fingerprint, id hash, receive time; rows with a NaN time take no part): its
@@ -127,13 +160,14 @@ class SeenStore:
                 todo = np.flatnonzero(~known[order])
                 if not len(todo):
                     break
-                at = np.searchsorted(seg.fps, ordered[todo])
-                at[at == len(seg.fps)] = 0
-                hit = seg.fps[at] == ordered[todo]
+                fps_of = seg.entries.fps
+                at = np.searchsorted(fps_of, ordered[todo])
+                at[at == len(fps_of)] = 0
+                hit = fps_of[at] == ordered[todo]
                 found, where = order[todo[hit]], at[hit]
                 known[found] = True
-                known_id[found] = seg.entries["id"][where]
-                known_at[found] = seg.entries["at"][where]
+                known_id[found] = seg.entries.ids[where]
+                known_at[found] = seg.entries.ats[where]
             twin = ordered[1:] == ordered[:-1]  # next to its repeat in key order
             repeated = np.zeros(len(keys), dtype=bool)
             repeated[order[1:][twin]] = True
@@ -154,54 +188,54 @@ class SeenStore:
                 else:
                     first[fp] = prior
             fresh = order[simple[order]]  # in key order
-            taught = np.empty(len(fresh) + len(changed), dtype=ENTRY)
-            taught["fp"][: len(fresh)] = keys[fresh]
-            taught["id"][: len(fresh)] = ids[rows[fresh]]
-            taught["at"][: len(fresh)] = ats[rows[fresh]]
+            taught = Entries(keys[fresh], ids[rows[fresh]], ats[rows[fresh]])
             if changed:
-                tail = taught[len(fresh) :]
-                tail["fp"] = list(changed)
-                tail["id"] = [v[0] for v in changed.values()]
-                tail["at"] = [v[1] for v in changed.values()]
-                taught = taught[np.argsort(taught["fp"], kind="stable")]
+                more = Entries(
+                    np.array(list(changed), dtype="<u8"),
+                    np.array([v[0] for v in changed.values()], dtype="<u8"),
+                    np.array([v[1] for v in changed.values()], dtype="<f8"),
+                )
+                pairs = zip(taught.columns, more.columns, strict=True)
+                taught = Entries(*(np.concatenate(pair) for pair in pairs))
+                taught = taught.take(np.argsort(taught.fps, kind="stable"))
             if len(taught):
                 self._add(segments, taught, float(ats[rows].max()), window)
         return out
 
-    def _add(
-        self, segments: list[_Segment], entries: np.ndarray, now: float, window: float
-    ) -> None:
+    def _add(self, segments: list[_Segment], entries: Entries, now: float, window: float) -> None:
         """Write ``entries`` as the newest segment, then merge while the last two are alike in
         size."""
         seq = (segments[-1].newest if segments else 0) + 1
-        self._write(_Segment.of(seq, seq, entries))
-        segments = [*segments, self.segments[f"{seq:012d}-{seq:012d}{SUFFIX}"]]
+        segments = [*segments, self._write(seq, seq, entries)]
         while len(segments) >= 2 and len(segments[-2].entries) <= 2 * len(segments[-1].entries):
             older, newer = segments[-2], segments[-1]
             merged = _merge(older.entries, newer.entries, now - KEEP_WINDOWS * window)
-            seg = _Segment.of(newer.newest, older.oldest, merged)
-            self._write(seg)  # even empty: the newest sequence number stays on disk
+            # even empty: the newest sequence number stays on disk
+            seg = self._write(newer.newest, older.oldest, merged)
             self._delete(older)
             self._delete(newer)
             segments = [*segments[:-2], seg]
 
 
-def _merge(older: np.ndarray, newer: np.ndarray, oldest: float) -> np.ndarray:
+def _merge(older: Entries, newer: Entries, oldest: float) -> Entries:
     """One sorted run of both, the newer entry kept for a fingerprint in both, those older than
     ``oldest`` dropped."""
-    older_fps = np.ascontiguousarray(older["fp"])
-    at = np.searchsorted(older_fps, np.ascontiguousarray(newer["fp"]))
+    at = np.searchsorted(older.fps, newer.fps)
     inside = at < len(older)
     same = np.zeros(len(newer), dtype=bool)
-    same[inside] = older_fps[at[inside]] == newer["fp"][inside]
+    same[inside] = older.fps[at[inside]] == newer.fps[inside]
     if same.any():  # the older entry of a fingerprint in both goes
         keep = np.ones(len(older), dtype=bool)
         keep[at[same]] = False
-        older = older[keep]
+        older = older.take(keep)
         at = at - (np.cumsum(same) - same)  # less those removed before each place
-    both = np.insert(older, at, newer)
-    stale = both["at"] < oldest
-    return both[~stale] if stale.any() else both
+    both = Entries(
+        np.insert(older.fps, at, newer.fps),
+        np.insert(older.ids, at, newer.ids),
+        np.insert(older.ats, at, newer.ats),
+    )
+    stale = both.ats < oldest
+    return both.take(~stale) if stale.any() else both
 
 
 _STORES: dict[str, SeenStore] = {}
