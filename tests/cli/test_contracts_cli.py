@@ -136,3 +136,13 @@ def test_a_bad_schema_file_is_an_error_naming_key_and_file(tmp_path: Path) -> No
         "error: HW-PIPE-502: pipeline.destinations[0].contracts.signup.schema: "
         f"{tmp_path / 'contracts' / 'signup' / '1-0-0.json'}: is not a valid draft 2020-12 schema"
     )
+
+
+def test_source_picks_that_sources_contracts_first(tmp_path: Path) -> None:
+    conf = config(tmp_path, ("warehouse", "allow"))
+    text = conf.read_text()
+    conf.write_text(text + '        app_others: {type: "*", source: app, mode: reject}\n')
+    events = events_file(tmp_path, GOOD, PAGE)
+    check(conf, str(events), code=0)  # no source: page is allowed
+    out = check(conf, "--source", "app", str(events), "--format", "json", code=1).stdout
+    assert [r["action"] for r in json.loads(out)["results"]] == ["pass", "reject"]

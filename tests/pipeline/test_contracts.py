@@ -169,6 +169,25 @@ def test_types_with_no_contract(tmp_path: Path, unknown: str | None, action: str
     assert contracts.check("signup", GOOD).action == "pass"  # named types keep their contract
 
 
+def test_a_sources_own_contracts_come_first(tmp_path: Path) -> None:
+    contracts = compiled(
+        tmp_path,
+        {
+            "signup": {"schema": True, "mode": "enforce"},
+            "mobile_signup": {"type": "signup", "source": "mobile", "schema": True, "mode": "warn"},
+            "mobile_others": {"type": "*", "source": "mobile", "mode": "reject"},
+        },
+    )
+    assert contracts.by_source
+    assert contracts.check("signup", bad_event(), "web").action == "reject"
+    assert contracts.check("signup", bad_event(), None).action == "reject"
+    assert contracts.check("signup", bad_event(), "mobile").action == "warn"
+    assert contracts.check("signup", GOOD, "mobile") == Verdict("pass", "signup/1-0-0")
+    assert contracts.check("page", {}, "mobile").action == "reject"  # the source's "*"
+    assert contracts.check("page", {}, "web").action == "pass"  # every source's "*": allow
+    assert not compiled(tmp_path, ENFORCE).by_source
+
+
 def test_check_many_parses_and_judges_each_text(tmp_path: Path) -> None:
     contracts = compiled(tmp_path, {**ENFORCE, "*": {"mode": "warn"}})
     texts = [orjson.dumps(GOOD).decode(), orjson.dumps(bad_event()).decode(), "{nope", "{}"]
@@ -266,6 +285,16 @@ def config_file(folder: Path, contracts: str) -> Path:
         ("        signup: {mode: allow}\n", "'signup': a contract takes mode enforce or warn"),
         ("        signup: {mode: reject, schema: a.json}\n", "mode 'reject' is for \"*\""),
         ("        signup: {mode: block, schema: a.json}\n", "'enforce', 'warn', 'allow' or"),
+        (
+            "        signup: {schema: a.json}\n        again: {type: signup, schema: b.json}\n",
+            "'signup' and 'again' are both the contract of type 'signup' for every source",
+        ),
+        (
+            "        a: {type: '*', source: app, mode: warn}\n"
+            "        b: {type: '*', source: app, mode: reject}\n",
+            "'a' and 'b' are both the contract of type '*' for source 'app'",
+        ),
+        ("        signup: {schema: a.json, source: ''}\n", "an empty event type or source"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path: Path, contracts: str, says: str) -> None:

@@ -33,6 +33,12 @@ def contracts_group() -> None:
     "its event field, else its event_type field).",
 )
 @click.option(
+    "--source",
+    default=None,
+    help="The source the events come from: its own contracts apply first (default: none, "
+    "only the contracts for every source).",
+)
+@click.option(
     "--destination",
     "-d",
     default=None,
@@ -45,6 +51,7 @@ def check_cmd(
     ctx: click.Context,
     events: IO[bytes],
     event_type: str | None,
+    source: str | None,
     destination: str | None,
     fmt: str,
 ) -> None:
@@ -69,7 +76,7 @@ def check_cmd(
         kind = event_type
         if kind is None and isinstance(event, dict):
             kind = event_type_of(event, None)
-        verdict = contracts.check(kind, event)
+        verdict = contracts.check(kind, event, source)
         found = [v.to_json() for v in verdict.violations]
         results.append(_result(number, kind, verdict.contract, verdict.action, found))
 

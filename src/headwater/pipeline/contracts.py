@@ -7,6 +7,11 @@ A destination's ``contracts:`` maps event types to a schema file and a mode:
 - ``"*"``, the types with no contract, takes ``allow`` (the default when there is no ``"*"``),
   ``warn`` (they land with a violation saying there is no contract) or ``reject``.
 
+A contract may be for one source only (``source: mobile``; the record's source header), with
+its type named by ``type:`` when the key is taken (``mobile_signup: {type: signup, source:
+mobile, ...}``). An event's own source's contract for its type comes first, then the one for
+every source; with neither, the source's ``"*"``, then the one for every source.
+
 Schemas are versioned by file name: ``contracts/signup/1-0-0.json`` is the contract
 ``signup/1-0-0`` (its folder and its name). A ``$ref`` to another file resolves against the
 schema's own file (``{"$ref": "address.json"}`` reads ``address.json`` beside it); remote
@@ -66,6 +71,14 @@ class ContractConfig(Section):
         description='What a violation does: enforce or warn; for "*" (types with no contract): '
         "allow, warn or reject (docs/shaping.md).",
     )
+    type: str | None = Field(
+        None, description='The event type it is for (default: its key; "*": types with none).'
+    )
+    source: str | None = Field(
+        None,
+        description="Only for events from this source (the record's source header: the "
+        "collector's source id); default: every source. A source's contract comes first.",
+    )
 
     @model_validator(mode="after")
     def _schema_fits_mode(self) -> ContractConfig:
@@ -77,15 +90,26 @@ class ContractConfig(Section):
 
 
 def _check_contracts(contracts: dict[str, ContractConfig]) -> dict[str, ContractConfig]:
+    taken: dict[tuple[str | None, str], str] = {}  # (source, type) -> key
     for key, contract in contracts.items():
-        if not key:
-            raise ValueError('an empty event type: name the type, or use "*" for all others')
-        if key == UNKNOWN:
+        kind = contract.type if contract.type is not None else key
+        if not kind or contract.source == "":
+            raise ValueError(
+                f"{key!r}: an empty event type or source: name it, or use \"*\" for all others"
+            )
+        where = (contract.source, kind)
+        if where in taken:
+            whose = f"source {contract.source!r}" if contract.source else "every source"
+            raise ValueError(
+                f"{taken[where]!r} and {key!r} are both the contract of type {kind!r} for {whose}"
+            )
+        taken[where] = key
+        if kind == UNKNOWN:
             if contract.schema_ is not None:
-                raise ValueError('"*" (types with no contract) takes no schema')
+                raise ValueError(f'{key!r}: "*" (types with no contract) takes no schema')
             if contract.mode not in UNKNOWN_MODES:
                 raise ValueError(
-                    f'"*" (types with no contract) takes mode allow, warn or reject, '
+                    f'{key!r}: "*" (types with no contract) takes mode allow, warn or reject, '
                     f"not {contract.mode!r}"
                 )
         elif contract.mode not in NAMED_MODES:
@@ -165,23 +189,28 @@ def contract_label(schema: Path) -> str:
 def contracts_spec(config: Mapping[str, ContractConfig], key: str = "contracts") -> dict[str, Any]:
     """Read and check every contract's schema (driver side) into plain JSON data: each schema
     inline with the files it references, so the workers read no files. ``key`` prefixes the
-    errors' key (``pipeline.destinations[0].contracts``)."""
-    named: dict[str, Any] = {}
-    unknown = "allow"
-    for event_type, contract in config.items():
-        if event_type == UNKNOWN:
-            unknown = contract.mode
+    errors' key (``pipeline.destinations[0].contracts``). The spec: ``contracts`` (type ->
+    contract, for every source), ``unknown`` (the mode of types with none), and per source
+    (``sources``: source -> the same two)."""
+    spec: dict[str, Any] = {"contracts": {}, "unknown": "allow", "sources": {}}
+    for name, contract in config.items():
+        kind = contract.type if contract.type is not None else name
+        scope = spec
+        if contract.source is not None:
+            scope = spec["sources"].setdefault(contract.source, {"contracts": {}})
+        if kind == UNKNOWN:
+            scope["unknown"] = contract.mode
             continue
         assert contract.schema_ is not None  # ContractMap's check
-        where = f"{key}.{event_type}" if event_type.isidentifier() else f"{key}[{event_type!r}]"
+        where = f"{key}.{name}" if name.isidentifier() else f"{key}[{name!r}]"
         schema, base_uri = _load_schema(contract.schema_, f"{where}.schema")
-        named[event_type] = {
+        scope["contracts"][kind] = {
             "label": contract_label(contract.schema_),
             "mode": contract.mode,
             "schema": schema,
             "base_uri": base_uri,
         }
-    return {"contracts": named, "unknown": unknown}
+    return spec
 
 
 def _load_schema(path: Path, where: str) -> tuple[Any, str]:
@@ -247,9 +276,15 @@ class _Contract:
 class Contracts:
     """A compiled spec: ``check`` judges an event by its type's contract."""
 
-    def __init__(self, contracts: Mapping[str, _Contract], unknown: str) -> None:
+    def __init__(
+        self,
+        contracts: Mapping[str, _Contract],
+        unknown: str,
+        sources: Mapping[str, Contracts] | None = None,
+    ) -> None:
         self._contracts = dict(contracts)
         self._unknown = unknown
+        self._sources = dict(sources or {})
         self._allowed = Verdict("pass", None)
 
     @classmethod
@@ -267,7 +302,7 @@ class Contracts:
         return found
 
     @classmethod
-    def _build(cls, spec: Mapping[str, Any]) -> Contracts:
+    def _build(cls, spec: Mapping[str, Any], unknown: str = "allow") -> Contracts:
         compiled = {}
         for event_type, c in spec.get("contracts", {}).items():
             label = c["label"]
@@ -277,13 +312,27 @@ class Contracts:
                 validator=_validator(c["schema"], c["base_uri"]),
                 passed=Verdict("pass", label),
             )
-        return cls(compiled, spec.get("unknown", "allow"))
+        unknown = spec.get("unknown", unknown)
+        sources = {s: cls._build(sub, unknown) for s, sub in spec.get("sources", {}).items()}
+        return cls(compiled, unknown, sources)
 
-    def check(self, event_type: str | None, event: Any) -> Verdict:
-        """The verdict on ``event`` by the contract of ``event_type`` (or by ``"*"``)."""
-        contract = self._contracts.get(event_type) if event_type is not None else None
+    @property
+    def by_source(self) -> bool:
+        """Some contracts are for one source only (``check`` needs the event's)."""
+        return bool(self._sources)
+
+    def check(self, event_type: str | None, event: Any, source: str | None = None) -> Verdict:
+        """The verdict on ``event`` by the contract of ``event_type``: its ``source``'s, else
+        the one for every source; else by ``"*"`` (the source's, else the one for all)."""
+        scoped = self._sources.get(source) if source is not None else None
+        contract = None
+        if event_type is not None:
+            if scoped is not None:
+                contract = scoped._contracts.get(event_type)
+            if contract is None:
+                contract = self._contracts.get(event_type)
         if contract is None:
-            return self._no_contract(event_type)
+            return (scoped or self)._no_contract(event_type)
         validator = contract.validator
         if validator.is_valid(event):
             return contract.passed

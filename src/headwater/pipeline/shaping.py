@@ -147,13 +147,18 @@ class Shaper:
         texts = _event_texts(table)
         contracts, functions = self.contracts, self.functions
         with_context = any(fn.takes_context for fn in functions)
-        wanted = CONTEXT_HEADERS.values() if with_context else (context.TYPE, context.EVENT_ID)
+        wanted = [context.TYPE, context.EVENT_ID]
+        if with_context:
+            wanted = list(CONTEXT_HEADERS.values())
+        elif contracts is not None and contracts.by_source:
+            wanted.append(context.SOURCE)
         cols = {name: table.column(header(name)).to_pylist() for name in wanted}
         types, ids = cols[context.TYPE], cols[context.EVENT_ID]
+        sources = cols.get(context.SOURCE) or [None] * len(texts)
         out = _Out()
         rows, new_texts, new_ids, errors = out.rows, out.texts, out.ids, out.errors
         dropped = derived = 0
-        for i, text in enumerate(texts):
+        for i, (text, source) in enumerate(zip(texts, sources, strict=True)):
             event = _object(text)
             if event is None:  # not a JSON object: decode's to judge
                 rows.append(i), new_texts.append(None), new_ids.append(None), errors.append(None)
@@ -161,7 +166,8 @@ class Shaper:
             changed = False
             failure: tuple[str, str, str] | None = None
             if contracts is not None:
-                verdict = contracts.check(_contracts.event_type_of(event, types[i]), event)
+                kind = _contracts.event_type_of(event, types[i])
+                verdict = contracts.check(kind, event, source)
                 if verdict.action == "reject":
                     failure = (CONTRACT_STEP, CONTRACT_BROKEN, _contracts.reason(verdict))
                 elif verdict.action == "warn":
