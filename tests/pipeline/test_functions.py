@@ -194,3 +194,48 @@ def test_sql_is_not_for_mirrors() -> None:
     }
     with pytest.raises(ValidationError, match="not on an apply: upsert mirror"):
         HeadwaterConfig.model_validate({"pipeline": {"destinations": [dest]}})
+
+
+def test_a_delivering_run_holds_and_sends_each_made_event_once(tmp_path: Path) -> None:
+    """A destination that delivers sends the rows its plan describes and holds the novel ones
+    for a run after learning (``only``): when one event of three made of a record is novel,
+    only that one is held, and the run after sends only it."""
+    from headwater.destinations import open_destination
+    from headwater.pipeline.plan import Knowledge, plan
+    from headwater.pipeline.task import LEARN, WRITE, TaskRun
+
+    fn = [{"name": "python", "function": f"{MODULE}:fan_novel"}]
+    spec = {"id": "wh", "type": "files", "format": "jsonl.gz", "path": str(tmp_path / "f")}
+    config = HeadwaterConfig.model_validate(
+        {"data_dir": str(tmp_path), "pipeline": {"destinations": [{**spec, "functions": fn}]}}
+    )
+    dest = config.pipeline.destinations[0]
+    destination = open_destination(dest, config.data_dir)
+    known = Knowledge()
+
+    def program() -> Any:
+        return plan(known, dest, destination, config.pipeline, tmp_path).program
+
+    def learn(source: Any) -> None:
+        found = TaskRun(program(), "wh", LEARN).run(source.to_batches())
+        known.learn(found.leaves, found.seen, dest)
+
+    sent: list[tuple[str, int]] = []
+
+    def on_rows(tables: dict[str, Any]) -> None:
+        for rows in tables.values():
+            for text in rows.column("event").to_pylist():
+                event = json.loads(text)
+                sent.append((event["event"], event["part"]))
+
+    try:
+        learn(source_table([{"event": "a"}, {"event": "b"}]))  # the plan knows no "extra"
+        source = source_table([{"event": "a"}, {"event": "b", "novel": True}])
+        first = TaskRun(program(), "wh", WRITE, on_rows, hold_novel=True).run(source.to_batches())
+        assert sorted(sent) == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1)]
+        assert len(first.held) == 1  # b's third event alone
+        learn(source)
+        TaskRun(program(), "wh", WRITE, on_rows, only=first.held).run(source.to_batches())
+        assert sorted(sent) == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
+    finally:
+        destination.close()

@@ -103,6 +103,7 @@ class Shaped:
     origin: np.ndarray  # row -> the source row it came from
     dropped: int = 0  # events a function dropped
     derived: int = 0  # events made by a function beyond one per record
+    index: np.ndarray | None = None  # row -> which of its record's events it is (-1: the only)
 
 
 @dataclass
@@ -112,6 +113,7 @@ class _Out:
     ids: list[str | None] = field(default_factory=list)  # new event id (None: as it was)
     errors: list[tuple[str, str, str] | None] = field(default_factory=list)
     one_each: bool = False  # a row per record, in order
+    made: dict[int, int] = field(default_factory=dict)  # row -> k: the record's k-th event
 
     def add(
         self,
@@ -200,9 +202,15 @@ class Shaper:
             else:
                 derived += len(events) - 1
                 for k, e in enumerate(events):
+                    out.made[len(rows)] = k
                     out.add(i, _dump(e), derived_id(ids[i] or "", k))
         out.one_each = not dropped and not derived
-        return Shaped(_rebuild(table, out), np.asarray(rows, dtype=np.int64), dropped, derived)
+        index = None
+        if out.made:
+            index = np.full(len(rows), -1, dtype=np.int32)
+            index[list(out.made)] = list(out.made.values())
+        origin = np.asarray(rows, dtype=np.int64)
+        return Shaped(_rebuild(table, out), origin, dropped, derived, index)
 
 
 def derived_id(event_id: str, index: int) -> str:

@@ -65,6 +65,7 @@ from headwater.pipeline.shaping import Shaper
 from headwater.pipeline.timing import timed
 
 MALFORMED = "Malformed JSON"
+DERIVED = "\x1f"  # between a topic and the index of a row a function made, in its place
 
 
 @dataclass
@@ -416,10 +417,24 @@ class TaskRun:
         return pa.Table.from_batches([h.source for h in held]).take(pa.array(index))
 
     def _places(self, rows: pa.ChunkedArray | pa.Array) -> pa.Table:
-        """Topic, partition and offset of the held source rows numbered ``rows``."""
+        """Topic, partition and offset of the held source rows numbered ``rows``: a row a
+        function made (one of several of its record) has a place of its own, its record's with
+        ``DERIVED`` and its index after the topic, so each is held, and sent, once."""
         if not len(rows):
             return pa.table({"topic": [], "partition": [], "offset": []})
-        return self._held_rows(rows, "source").select(["topic", "partition", "offset"])
+        places = self._held_rows(rows, "source").select(["topic", "partition", "offset"])
+        held = list(self._held)
+        if all(h.index is None for h in held):
+            return places
+        index = np.concatenate(
+            [h.index if h.index is not None else np.full(h.inp.num_rows, -1) for h in held]
+        )[np.asarray(pc.subtract(rows, held[0].first), dtype=np.int64)]
+        made = index >= 0
+        if not made.any():
+            return places
+        topics = np.array(places.column("topic").to_pylist(), dtype=object)
+        topics[made] = [f"{t}{DERIVED}{k}" for t, k in zip(topics[made], index[made], strict=True)]
+        return places.set_column(0, "topic", pa.array(topics.tolist(), pa.string()))
 
     def _learn(self, novel: pa.Table, engine: Engine, s: Summary) -> None:
         routed = novel.column(ROUTED).to_pylist()
@@ -460,6 +475,7 @@ class _Held:
     source: pa.RecordBatch
     inp: pa.RecordBatch
     origin: np.ndarray  # per input row, its record's place in ``source``
+    index: np.ndarray | None = None  # per input row, which of its record's events (-1: the only)
 
     @property
     def end(self) -> int:
@@ -468,7 +484,10 @@ class _Held:
     def after(self, row: int) -> _Held:
         """The rows from ``row`` on."""
         skip = min(max(row - self.first, 0), self.inp.num_rows)
-        return _Held(self.first + skip, self.source, self.inp.slice(skip), self.origin[skip:])
+        index = None if self.index is None else self.index[skip:]
+        return _Held(
+            self.first + skip, self.source, self.inp.slice(skip), self.origin[skip:], index
+        )
 
 
 class _Inputs:
@@ -530,11 +549,12 @@ class _Inputs:
                         pa.Table.from_batches([source]), self.run.program, self.next_row
                     )
                 origin = np.arange(source.num_rows, dtype=np.int64)
+                index = None
                 if self.run.program.shaping:
                     with summary.phase("shape"):
                         shaped = Shaper.for_spec(self.run.program.shaping).shape(table)
                     summary.dropped += shaped.dropped
-                    origin = shaped.origin
+                    origin, index = shaped.origin, shaped.index
                     table = shaped.table.set_column(
                         shaped.table.column_names.index(ROW),
                         ROW,
@@ -548,7 +568,7 @@ class _Inputs:
                         self.schema = inp.schema
                     elif inp.schema != self.schema:
                         inp = inp.cast(self.schema)
-                self.run._held.append(_Held(self.next_row, source, inp, origin))
+                self.run._held.append(_Held(self.next_row, source, inp, origin, index))
                 self.next_row += inp.num_rows
                 self.ready.append(inp)
         except BaseException as exc:

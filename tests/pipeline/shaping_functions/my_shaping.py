@@ -25,3 +25,11 @@ def with_context(event: dict[str, Any], context: dict[str, Any]) -> dict[str, An
 
 def not_an_event(event: dict[str, Any]) -> Any:
     return "text"
+
+
+def fan_novel(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """Three events; with ``novel`` the third has a field the others never have."""
+    parts = [{"event": event.get("event"), "part": i} for i in range(3)]
+    if event.get("novel"):
+        parts[2]["extra"] = {"deep": 1}
+    return parts
