@@ -239,3 +239,33 @@ def test_a_delivering_run_holds_and_sends_each_made_event_once(tmp_path: Path) -
         assert sorted(sent) == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
     finally:
         destination.close()
+
+
+def test_a_trusted_config_is_read_without_importing_functions_or_duckdb(tmp_path: Path) -> None:
+    """Spark's driver-side processes read the config as JSON: they import neither its Python
+    functions nor DuckDB (which parses the SQL expressions where the config is loaded)."""
+    import subprocess
+    import sys
+
+    dest = {
+        "id": "wh",
+        "type": "files",
+        "path": str(tmp_path / "f"),
+        "functions": [
+            {"name": "python", "function": "not_a_module_here:fn"},
+            {"name": "sql", "field": "/x", "expression": "properties.a + 1"},
+            {"name": "filter", "expression": "event <> 'x'"},
+        ],
+    }
+    text = json.dumps({"data_dir": str(tmp_path), "pipeline": {"destinations": [dest]}})
+    script = (
+        "import sys; from headwater.config.model import HeadwaterConfig as C; "
+        "c = C.from_trusted_json(sys.stdin.read()); "
+        "print(len(c.pipeline.destinations[0].functions), 'duckdb' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], input=text, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["3", "False"]
+    with pytest.raises(ValidationError, match="not_a_module_here"):
+        HeadwaterConfig.model_validate_json(text)  # loaded as a user's config: imported

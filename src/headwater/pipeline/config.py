@@ -7,12 +7,12 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from headwater.config.base import Identifier, Section, require_unique_ids
 from headwater.pipeline.contracts import ContractMap
 from headwater.pipeline.enrichment_config import EnrichmentRule
-from headwater.transport.functions import FunctionConfig
+from headwater.transport.functions import IMPORTS, FunctionConfig
 
 DESTINATION_TYPES = (
     "duckdb",
@@ -163,7 +163,7 @@ class DestinationConfig(Section):
         return v
 
     @model_validator(mode="after")
-    def _connection(self) -> DestinationConfig:
+    def _connection(self, info: ValidationInfo) -> DestinationConfig:
         if self.type == "postgres" and not self.dsn:
             raise ValueError("a postgres destination needs dsn")
         if self.type in ("redshift", "snowflake", "bigquery") and not self.dsn:
@@ -172,7 +172,9 @@ class DestinationConfig(Section):
             raise ValueError(
                 f"apply: upsert needs a {' or '.join(MIRROR_TYPES)} destination, not {self.type}"
             )
-        self._check_functions()
+        # a config checked where it was loaded, read again in Spark's processes: its SQL
+        # expressions were parsed there (by DuckDB, which these processes need not load)
+        self._check_functions(expressions=not (info.context and info.context.get(IMPORTS) is False))
         if self.type == "http":
             from headwater.delivery.config import HttpDeliveryConfig
 
@@ -182,7 +184,7 @@ class DestinationConfig(Section):
                 raise ValueError(f"an http destination's options: {e}") from None
         return self
 
-    def _check_functions(self) -> None:
+    def _check_functions(self, expressions: bool = True) -> None:
         names = [f.name for f in self.functions]
         if self.apply == "upsert":
             if "sql" in names:
@@ -196,7 +198,7 @@ class DestinationConfig(Section):
         from headwater.pipeline.steps.functions import FunctionExpressionError, check
 
         for f in self.functions:
-            if f.name in ("sql", "filter"):
+            if f.name in ("sql", "filter") and expressions:
                 try:
                     check(f.expression, f.label)
                 except FunctionExpressionError as e:

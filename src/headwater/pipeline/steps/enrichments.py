@@ -189,6 +189,7 @@ def pii_pseudonymize(fields: Fields, rule: PiiPseudonymize) -> Fields:
         raise PiiKeyMissing(
             f"pii_pseudonymize: the environment variable {rule.key_env} (key_env) holds no key"
         )
+    slots: list[tuple[str, ...]] = []
     for pointer in rule.fields:
         parts = pointer_parts(pointer)
         if "*" in parts:
@@ -207,7 +208,9 @@ def pii_pseudonymize(fields: Fields, rule: PiiPseudonymize) -> Fields:
                 value = f"{HMAC_JSON_FUNCTION}({f.sql}, '[]')"
                 fields[path] = Field(path, value, RAW, f.kinds)
             else:
-                value = f"{HMAC_FUNCTION}({as_text(f)})"
+                slot = len(slots)  # each field its own cache of digests
+                slots.append(path)
+                value = f"{HMAC_FUNCTION}({as_text(f)}, {slot})"
                 fields[path] = Field(path, value, TEXT, STRINGS)
     return fields
 
@@ -249,7 +252,13 @@ def register(con: Any, settings: Mapping[str, Any]) -> None:
         if not key:
             raise PiiKeyMissing(f"pii_pseudonymize: {name} holds no key in this worker")
         pseudonyms = Pseudonyms(key)
-        arrow_function(con, HMAC_FUNCTION, pseudonyms.of, ["VARCHAR"], "VARCHAR")
+        arrow_function(
+            con,
+            HMAC_FUNCTION,
+            lambda values, slot: pseudonyms.of(values, slot[0].as_py() if len(slot) else 0),
+            ["VARCHAR", "INTEGER"],
+            "VARCHAR",
+        )
         arrow_function(
             con,
             HMAC_JSON_FUNCTION,
@@ -346,7 +355,7 @@ def _anonymize(ip: Any, octets: int, segments: int) -> tuple[str | None] | None:
 
 
 def _digest(pseudonyms: Pseudonyms, value: Any) -> str | None:
-    return None if value is None else pseudonyms.known(str(value))
+    return None if value is None else pseudonyms.known(str(value), pseudonyms.cache(-1))
 
 
 def _hashed_json(texts: pa.Array, paths: pa.Array, pseudonyms: Pseudonyms) -> pa.Array:
