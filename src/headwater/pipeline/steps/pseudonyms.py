@@ -59,6 +59,11 @@ class Pseudonyms:
         if isinstance(values, pa.ChunkedArray):
             values = values.combine_chunks()
         encoded = pc.dictionary_encode(values)
-        known, cache = self.known, self.cache(field)
-        digests: list[Any] = [known(v, cache) for v in encoded.dictionary.to_pylist()]
+        texts = encoded.dictionary.to_pylist()
+        cache = self.cache(field)
+        get = cache.get
+        digests: list[Any] = [get(t) for t in texts]  # the usual case: seen lately
+        for i, found in enumerate(digests):
+            if found is None:
+                digests[i] = self.known(texts[i], cache)
         return pa.array(digests, pa.string()).take(encoded.indices)
