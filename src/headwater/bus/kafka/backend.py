@@ -222,13 +222,24 @@ class KafkaBus(Bus):
 
     def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         self._check_partition(topic, partition)
+        deadline = time.monotonic() + self._timeout
+        pause = 0.05
         with self._reader_lock:
             reader = self._reader_client()
             tp = self._kafka.TopicPartition(topic, partition)
-            try:
-                marks = reader.get_watermark_offsets(tp, timeout=self._timeout, cached=False)
-            except Exception as exc:
-                raise classify(exc, f"reading the watermarks of {topic}[{partition}]") from exc
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    marks = reader.get_watermark_offsets(tp, timeout=max(left, 0.1), cached=False)
+                    break
+                except Exception as exc:
+                    error = classify(exc, f"reading the watermarks of {topic}[{partition}]")
+                    # a partition's leader moves (or is not yet known after the topic was
+                    # made): asked again until the deadline, as the producer and consumer do
+                    if not isinstance(error, BusUnavailable) or left <= pause:
+                        raise error from exc
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
         if marks is None:
             raise BusUnavailable(f"the watermarks of {topic}[{partition}] are not available")
         low, high = marks
