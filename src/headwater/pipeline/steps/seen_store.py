@@ -23,6 +23,7 @@ may forget recent fingerprints, so a repeat could land; never an event lost.
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -238,20 +239,13 @@ def _merge(older: Entries, newer: Entries, oldest: float) -> Entries:
     return both.take(~stale) if stale.any() else both
 
 
-_STORES: dict[str, SeenStore] = {}
-_STORES_LOCK = threading.Lock()
-
-
+@functools.cache
 def at(folder: str) -> SeenStore:
-    """This process's view of the store at ``folder``."""
-    with _STORES_LOCK:
-        store = _STORES.get(folder)
-        if store is None:
-            store = _STORES[folder] = SeenStore(Path(folder))
-        return store
+    """This process's view of the store at ``folder`` (two views made by a race would still
+    take turns: each opens the lock file itself)."""
+    return SeenStore(Path(folder))
 
 
 def forget() -> None:
     """Drop every view (as a restarted worker starts)."""
-    with _STORES_LOCK:
-        _STORES.clear()
+    at.cache_clear()
