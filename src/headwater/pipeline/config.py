@@ -12,7 +12,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from headwater.config.base import Identifier, Section, require_unique_ids
 from headwater.pipeline.contracts import ContractMap
 from headwater.pipeline.enrichment_config import EnrichmentRule
-from headwater.transport.functions import IMPORTS, FunctionConfig
+from headwater.transport.functions import FunctionConfig, trusted
 
 DESTINATION_TYPES = (
     "duckdb",
@@ -172,9 +172,8 @@ class DestinationConfig(Section):
             raise ValueError(
                 f"apply: upsert needs a {' or '.join(MIRROR_TYPES)} destination, not {self.type}"
             )
-        # a config checked where it was loaded, read again in Spark's processes: its SQL
-        # expressions were parsed there (by DuckDB, which these processes need not load)
-        self._check_functions(expressions=not (info.context and info.context.get(IMPORTS) is False))
+        # SQL expressions are parsed by DuckDB, which Spark's planning processes need not load
+        self._check_functions(expressions=not trusted(info))
         if self.type == "http":
             from headwater.delivery.config import HttpDeliveryConfig
 

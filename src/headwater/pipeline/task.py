@@ -406,15 +406,18 @@ class TaskRun:
         """The held input (``inp``) or source (``source``: each input row's record) rows
         numbered ``rows``."""
         held = list(self._held)
-        at = pc.subtract(rows, held[0].first)
         if which == "inp":
-            return pa.Table.from_batches([h.inp for h in held]).take(at)
+            return pa.Table.from_batches([h.inp for h in held]).take(self._at(rows))
         origins, base = [], 0
         for h in held:
             origins.append(h.origin + base)
             base += h.source.num_rows
-        index = np.concatenate(origins)[np.asarray(at, dtype=np.int64)]
+        index = np.concatenate(origins)[self._at(rows)]
         return pa.Table.from_batches([h.source for h in held]).take(pa.array(index))
+
+    def _at(self, rows: pa.ChunkedArray | pa.Array) -> np.ndarray:
+        """Where the rows numbered ``rows`` are among the held input rows."""
+        return np.asarray(pc.subtract(rows, self._held[0].first), dtype=np.int64)
 
     def _places(self, rows: pa.ChunkedArray | pa.Array) -> pa.Table:
         """Topic, partition and offset of the held source rows numbered ``rows``: a row a
@@ -428,7 +431,7 @@ class TaskRun:
             return places
         index = np.concatenate(
             [h.index if h.index is not None else np.full(h.inp.num_rows, -1) for h in held]
-        )[np.asarray(pc.subtract(rows, held[0].first), dtype=np.int64)]
+        )[self._at(rows)]
         made = index >= 0
         if not made.any():
             return places

@@ -79,6 +79,14 @@ _ROW_FIELDS = frozenset({"data", "key", "before"})
 _OPS = frozenset(op.value for op in Op)
 _RECORD = "__hw_record"
 IMPORTS = "imports"  # a validation context key: False, Python functions are not imported
+
+
+def trusted(info: ValidationInfo) -> bool:
+    """Validating a config checked where it was loaded, read again in Spark's processes: its
+    Python functions are not imported nor its SQL parsed again."""
+    return bool(info.context) and info.context.get(IMPORTS) is False
+
+
 _MESSAGE_DDL = (
     "op string, ts long, namespace string, position string, schema int, "
     "unchanged array<string>, key map<string,string>, data map<string,string>, "
@@ -292,8 +300,8 @@ class PythonFunction(Section):
     @field_validator("function")
     @classmethod
     def _importable(cls, v: str, info: ValidationInfo) -> str:
-        if info.context and info.context.get(IMPORTS) is False:
-            return v  # a config checked where it was loaded, read again in a Spark worker
+        if trusted(info):
+            return v
         try:
             load_function(v)
         except FunctionConfigError as e:

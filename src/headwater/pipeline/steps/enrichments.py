@@ -189,7 +189,7 @@ def pii_pseudonymize(fields: Fields, rule: PiiPseudonymize) -> Fields:
         raise PiiKeyMissing(
             f"pii_pseudonymize: the environment variable {rule.key_env} (key_env) holds no key"
         )
-    slots: list[tuple[str, ...]] = []
+    slot = 0  # each field its own cache of digests
     for pointer in rule.fields:
         parts = pointer_parts(pointer)
         if "*" in parts:
@@ -208,9 +208,8 @@ def pii_pseudonymize(fields: Fields, rule: PiiPseudonymize) -> Fields:
                 value = f"{HMAC_JSON_FUNCTION}({f.sql}, '[]')"
                 fields[path] = Field(path, value, RAW, f.kinds)
             else:
-                slot = len(slots)  # each field its own cache of digests
-                slots.append(path)
                 value = f"{HMAC_FUNCTION}({as_text(f)}, {slot})"
+                slot += 1
                 fields[path] = Field(path, value, TEXT, STRINGS)
     return fields
 

@@ -81,7 +81,11 @@ class _Segment:
 
     @property
     def name(self) -> str:
-        return f"{self.newest:012d}-{self.oldest:012d}{SUFFIX}"
+        return _name(self.newest, self.oldest)
+
+
+def _name(newest: int, oldest: int) -> str:
+    return f"{newest:012d}-{oldest:012d}{SUFFIX}"
 
 
 def _covers(a: _Segment, b: _Segment) -> bool:
@@ -130,7 +134,7 @@ class SeenStore:
     def _write(self, newest: int, oldest: int, entries: Entries) -> _Segment:
         """The segment written and renamed into place, mapped from its file (the page cache
         holds it, not this process)."""
-        name = _Segment(newest, oldest, entries).name
+        name = _name(newest, oldest)
         tmp = self.folder / f".{name}.{os.getpid()}{TMP}"
         entries.write(tmp)
         tmp.rename(self.folder / name)
@@ -153,22 +157,8 @@ class SeenStore:
             segments = self._refresh()
             keys = fps[rows]
             order = np.argsort(keys, kind="stable")
-            ordered = keys[order]  # searched in key order: the segments read front to back
-            known = np.zeros(len(rows), dtype=bool)
-            known_id = np.zeros(len(rows), dtype="<u8")
-            known_at = np.zeros(len(rows), dtype="<f8")
-            for seg in reversed(segments):  # newest first: the first match is the current one
-                todo = np.flatnonzero(~known[order])
-                if not len(todo):
-                    break
-                fps_of = seg.entries.fps
-                at = np.searchsorted(fps_of, ordered[todo])
-                at[at == len(fps_of)] = 0
-                hit = fps_of[at] == ordered[todo]
-                found, where = order[todo[hit]], at[hit]
-                known[found] = True
-                known_id[found] = seg.entries.ids[where]
-                known_at[found] = seg.entries.ats[where]
+            ordered = keys[order]
+            known, known_id, known_at = _lookup(segments, order, ordered)
             twin = ordered[1:] == ordered[:-1]  # next to its repeat in key order
             repeated = np.zeros(len(keys), dtype=bool)
             repeated[order[1:][twin]] = True
@@ -183,11 +173,10 @@ class SeenStore:
                     prior = (int(known_id[i]), float(known_at[i]))
                 if prior is None or when - prior[1] > window:
                     first[fp] = changed[fp] = (ident, when)
-                elif prior[0] != ident:
-                    first[fp] = prior
+                    continue
+                first[fp] = prior
+                if prior[0] != ident:
                     out[rows[i]] = when >= prior[1]
-                else:
-                    first[fp] = prior
             fresh = order[simple[order]]  # in key order
             taught = Entries(keys[fresh], ids[rows[fresh]], ats[rows[fresh]])
             if changed:
@@ -216,6 +205,31 @@ class SeenStore:
             self._delete(older)
             self._delete(newer)
             segments = [*segments[:-2], seg]
+
+
+def _lookup(
+    segments: list[_Segment], order: np.ndarray, ordered: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per key (``ordered``: the keys sorted, ``order`` their places), whether a segment has
+    it, and the id and time there: newest segment first, so the first match is the current one;
+    searched in key order, so each segment is read front to back."""
+    n = len(order)
+    known = np.zeros(n, dtype=bool)
+    known_id = np.zeros(n, dtype="<u8")
+    known_at = np.zeros(n, dtype="<f8")
+    for seg in reversed(segments):
+        todo = np.flatnonzero(~known[order])
+        if not len(todo):
+            break
+        fps = seg.entries.fps
+        at = np.searchsorted(fps, ordered[todo])
+        at[at == len(fps)] = 0
+        hit = fps[at] == ordered[todo]
+        found, where = order[todo[hit]], at[hit]
+        known[found] = True
+        known_id[found] = seg.entries.ids[where]
+        known_at[found] = seg.entries.ats[where]
+    return known, known_id, known_at
 
 
 def _merge(older: Entries, newer: Entries, oldest: float) -> Entries:
