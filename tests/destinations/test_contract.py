@@ -32,7 +32,7 @@ from headwater.pipeline.config import DestinationConfig
 from headwater.testing.warehouse import execute_elsewhere, query, scratch_destination
 
 SQL_KINDS = ["duckdb", "postgres", "clickhouse"]
-ALL_KINDS = [*SQL_KINDS, "files"]
+ALL_KINDS = [*SQL_KINDS, "files", "delta"]
 AT = datetime(2024, 5, 1, 12, 30, 15, 250_000, tzinfo=UTC)
 
 

@@ -20,9 +20,9 @@ from headwater.destinations import Column, Destination, TableSchema, open_destin
 from headwater.destinations.base import ORDER_COLUMN, DestinationUnavailable, StagedPart
 from headwater.destinations.types import ColumnType as T
 from headwater.pipeline.config import DestinationConfig
-from headwater.testing.warehouse import query, scratch_destination
+from headwater.testing.warehouse import delta_leftovers, query, scratch_destination
 
-KINDS = ["duckdb", "postgres", "files", "clickhouse"]
+KINDS = ["duckdb", "postgres", "files", "clickhouse", "delta"]
 SQL_KINDS = ["duckdb", "postgres", "clickhouse"]
 AT = datetime(2024, 5, 1, 12, 30, 15, 250_000, tzinfo=UTC)
 
@@ -98,6 +98,8 @@ def leftovers(d: Destination) -> list[str]:
                 "SELECT tablename FROM pg_tables WHERE schemaname = %s", (STAGING_SCHEMA,)
             ).fetchall()
         return sorted(str(r[0]) for r in rows)
+    if d.kind == "delta":
+        return delta_leftovers(d)
     folder: Path = d.staging  # type: ignore[attr-defined]
     return sorted(str(p) for p in folder.rglob("*") if p.is_file()) if folder.exists() else []
 

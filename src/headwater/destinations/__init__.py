@@ -18,6 +18,7 @@ DESTINATIONS: dict[str, str] = {
     "postgres": "headwater.destinations.postgres.client:open_destination",
     "clickhouse": "headwater.destinations.clickhouse.client:open_destination",
     "files": "headwater.destinations.files.client:open_destination",
+    "delta": "headwater.destinations.delta.client:open_destination",
     "http": "headwater.delivery.destination:open_destination",
 }
 

@@ -80,13 +80,20 @@ class StagedPart:
     rows: int
     ref: str  # where the rows wait: a file path, a staging table's name
     task: str  # the task attempt that staged it (for logs)
+    meta: Mapping[str, Any] = field(default_factory=dict)  # what else the commit needs (delta)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StagedPart:
-        return cls(str(data["table"]), int(data["rows"]), str(data["ref"]), str(data["task"]))
+        return cls(
+            str(data["table"]),
+            int(data["rows"]),
+            str(data["ref"]),
+            str(data["task"]),
+            dict(data.get("meta") or {}),
+        )
 
 
 ORDER_COLUMN = "_hw_order"  # staged rows' order within the batch (see the module docstring)

@@ -19,6 +19,7 @@ DESTINATION_TYPES = (
     "postgres",
     "clickhouse",
     "files",
+    "delta",
     "http",
     "redshift",
     "snowflake",
@@ -101,7 +102,9 @@ class DestinationConfig(Section):
         "(docs/shaping.md).",
     )
     path: Path | None = Field(
-        None, description="duckdb: database file; clickhouse (chdb): data folder; files: folder."
+        None,
+        description="duckdb: database file; clickhouse (chdb): data folder; files: folder; "
+        "delta: folder or s3a://bucket/prefix of the tables.",
     )
     dsn: str | None = Field(
         None, description="postgres: connection string; clickhouse: server URL (http://...)."
@@ -174,6 +177,13 @@ class DestinationConfig(Section):
             )
         # SQL expressions are parsed by DuckDB, which Spark's planning processes need not load
         self._check_functions(expressions=not trusted(info))
+        if self.type == "delta":
+            from headwater.destinations.delta.config import DeltaOptions
+
+            try:
+                DeltaOptions.model_validate(self.options)
+            except ValueError as e:
+                raise ValueError(f"a delta destination's options: {e}") from None
         if self.type == "http":
             from headwater.delivery.config import HttpDeliveryConfig
 

@@ -35,6 +35,8 @@ def scratch_destination(
         dest["options"] = {"database": f"hw_{uuid.uuid4().hex[:12]}"}
     elif kind == "files":
         dest["path"] = str(tmp_path / "files")
+    elif kind == "delta":
+        dest["path"] = str(tmp_path / "delta")
     else:
         raise ValueError(f"no scratch destination of kind {kind!r}")
     return dest
@@ -57,7 +59,24 @@ def query(destination: Destination, sql: str) -> list[tuple[Any, ...]]:
             return c.execute(sql.encode()).fetchall()
     if kind == "clickhouse":
         return destination.query(qualified(sql, destination))  # type: ignore[attr-defined,no-any-return]
+    if kind == "delta":
+        return delta_query(destination, sql)
     raise ValueError(f"cannot query a {kind} destination with SQL")
+
+
+def delta_query(destination: Any, sql: str) -> list[tuple[Any, ...]]:
+    """``sql`` over a Delta destination's tables (those named after FROM or JOIN), read by
+    delta-rs itself: its own log replay and its DataFusion query engine."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
+    location = destination.location
+    builder = QueryBuilder()
+    for name in set(re.findall(r"\b(?:FROM|JOIN)\s+(\w+)", sql, flags=re.IGNORECASE)):
+        uri = location.uri(name)
+        builder.register(name, DeltaTable(uri, storage_options=location.storage_options()))
+    table = pa.table(builder.execute(sql).read_all())
+    return [tuple(row.values()) for row in table.to_pylist()]
 
 
 def qualified(sql: str, destination: Any) -> str:
@@ -100,3 +119,21 @@ def add_column_elsewhere(writer: Any, table: str, column: str, sql_type: str) ->
     d = writer.destination
     q = d.dialect.quote
     execute_elsewhere(d, f"ALTER TABLE {q(table)} ADD COLUMN {q(column)} {sql_type}")
+
+
+def delta_leftovers(destination: Any) -> list[str]:
+    """Files of a local Delta destination that no table's current version lists (besides the
+    logs and the ledger): staged, never committed, not cleaned."""
+    root = Path(destination.location.root)
+    listed: set[str] = set()
+    from deltalake import DeltaTable
+
+    for log in root.glob("*/_delta_log"):
+        listed.update(DeltaTable(str(log.parent)).file_uris())
+    out = []
+    for p in root.rglob("*"):
+        if not p.is_file() or "_delta_log" in p.parts or "batches" in p.parts:
+            continue
+        if str(p) not in listed:
+            out.append(str(p))
+    return sorted(out)

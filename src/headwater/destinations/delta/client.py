@@ -1,0 +1,483 @@
+"""Delta Lake (``path``: a local folder, default ``<data_dir>/delta/<id>``, or
+``s3a://bucket/prefix``): a Delta table per ``table_name_template``, at ``<path>/<table>``,
+written with delta-rs; Spark, DuckDB, Trino and delta-rs read them (docs/delta.md).
+
+Executors write, the driver commits. Each task writes its rows as Parquet files straight into
+their partition's folder in the table (``datafiles``), invisible until listed in the log, and
+reports each file (path, size, partition values, statistics). The driver commits a batch's
+files to each table as one Delta transaction that carries ``txn(appId=<writer>,
+version=<batch>)``, Delta's idempotent-write marker, then records the batch in its ledger
+(``<path>/_headwater/batches/<writer>``). Delta has no transactions across tables: a batch that
+touched two tables and crashed between their commits is replayed, and each table whose log
+already holds the writer's batch takes nothing of it (its new files are removed), so every
+table gets the batch exactly once.
+
+With a primary key, tasks stage rows (with ``_hw_order``) in ``<path>/_headwater/staging``
+and the driver MERGEs them on the key (the batch's last row per key wins) in one transaction
+with the same marker; the key is kept in the table's ``headwater.primaryKey`` property.
+
+Tables are partitioned by ``options.partition_by``, by default the event's UTC day in an
+``event_date`` column. New columns are added with an ``ADD COLUMNS`` commit of their own before
+the batch's (``ensure_table``); a value whose type does not fit its column goes to the sibling
+``<column>__<type>`` column, as in every warehouse (the pipeline's typing). ``optimize`` and
+``vacuum`` (``maintenance``) keep the small files a stream makes in check.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from headwater.destinations.base import (
+    ORDER_COLUMN,
+    Column,
+    Destination,
+    DestinationError,
+    DestinationUnavailable,
+    StagedPart,
+    TableSchema,
+)
+from headwater.destinations.batches import (
+    ARROW_TYPES,
+    by_table,
+    dedupe_last,
+    safe_name,
+    utc_timestamps,
+    with_order,
+    without_order,
+)
+from headwater.destinations.delta.config import DeltaOptions
+from headwater.destinations.delta.datafiles import (
+    add_action,
+    batch_of,
+    batch_prefix,
+    partition_values,
+    write_files,
+    writer_prefix,
+)
+from headwater.destinations.delta.dialect import DeltaDialect
+from headwater.destinations.delta.storage import Location
+from headwater.destinations.types import ColumnType
+from headwater.errors import HeadwaterError
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+    from headwater.pipeline.config import DestinationConfig
+
+log = logging.getLogger(__name__)
+OWN = "_headwater"  # the destination's own objects beside the tables: ledger, staging
+PRIMARY_KEY = "headwater.primaryKey"
+WRITER, BATCH = "headwater.writer", "headwater.batch"
+_RETRIES = 8  # table creation and column patching racing other writers
+_DELTA_TYPES = {
+    ColumnType.BOOL: "boolean",
+    ColumnType.INT64: "long",
+    ColumnType.FLOAT64: "double",
+    ColumnType.TIMESTAMP: "timestamp",
+    ColumnType.STRING: "string",
+}
+_TRANSIENT_TEXT = ("connection", "timed out", "timeout", "503", "slow down", "throttl", "reset")
+
+
+def classify(exc: BaseException) -> HeadwaterError:
+    """delta-rs and file-system errors as headwater's: a commit that lost every retry to other
+    writers, and the network or store being away, are transient; the rest terminal."""
+    from deltalake.exceptions import CommitFailedError
+
+    text = str(exc)
+    if isinstance(exc, CommitFailedError | ConnectionError | TimeoutError):
+        return DestinationUnavailable(f"delta: {text}")
+    if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError | PermissionError):
+        return DestinationUnavailable(f"delta: {text}")
+    if any(t in text.lower() for t in _TRANSIENT_TEXT):
+        return DestinationUnavailable(f"delta: {text}")
+    return DestinationError(f"delta: {text}")
+
+
+@contextmanager
+def _classified() -> Iterator[None]:
+    try:
+        yield
+    except HeadwaterError:
+        raise
+    except Exception as exc:
+        raise classify(exc) from exc
+
+
+class DeltaDestination(Destination):
+    kind = "delta"
+
+    def __init__(
+        self, location: Location, options: DeltaOptions, primary_key: tuple[str, ...] = ()
+    ) -> None:
+        self.location = location
+        self.options = options
+        self.primary_key = primary_key
+        self.dialect = DeltaDialect()
+        self._tables: dict[str, DeltaTable] = {}
+        self._commits: dict[str, int] = {}  # per table, for auto-compaction
+        self._swept: set[str] = set()  # writers whose leftovers were swept since opening
+        self._last: dict[str, tuple[int, list[StagedPart]]] = {}  # writer -> last commit
+
+    # -- structure ------------------------------------------------------------------------
+    def _load(self, name: str) -> DeltaTable | None:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        dt = self._tables.get(name)
+        if dt is not None:
+            dt.update_incremental()
+            return dt
+        try:
+            dt = DeltaTable(
+                self.location.uri(name), storage_options=self.location.storage_options()
+            )
+        except TableNotFoundError:
+            return None
+        self._tables[name] = dt
+        return dt
+
+    def table(self, name: str) -> TableSchema | None:
+        with _classified():
+            dt = self._load(name)
+            if dt is None:
+                return None
+            return self._structure(name, dt)
+
+    def _structure(self, name: str, dt: DeltaTable) -> TableSchema:
+        """The table's columns but its partition columns: those are the destination's own,
+        computed from the row when its files are written (an event field of that name is
+        replaced by the partition value)."""
+        cols = {}
+        partitions = set(dt.metadata().partition_columns)
+        for f in dt.schema().fields:
+            if f.name in partitions:
+                continue
+            sql = _type_name(f.type)
+            cols[f.name] = Column(f.name, self.dialect.column_type(sql) or ColumnType.STRING, sql)
+        key = (dt.metadata().configuration or {}).get(PRIMARY_KEY)
+        return TableSchema(name, cols, tuple(key.split(",")) if key else ())
+
+    def partitioning(self, upsert: bool) -> tuple[str, str] | None:
+        expression = self.options.partition_expression(upsert)
+        return None if expression is None else (expression, self.options.partition_column)
+
+    def ensure_table(self, schema: TableSchema) -> TableSchema:
+        from deltalake import DeltaTable, Field
+        from deltalake.exceptions import CommitFailedError, DeltaError
+
+        partition = self.partitioning(bool(schema.primary_key))
+        with _classified():
+            for _ in range(_RETRIES):
+                dt = self._load(schema.name)
+                try:
+                    if dt is None:
+                        self._tables[schema.name] = DeltaTable.create(
+                            self.location.uri(schema.name),
+                            self._arrow_schema(schema, partition),
+                            mode="error",
+                            partition_by=[partition[1]] if partition else None,
+                            configuration=(
+                                {PRIMARY_KEY: ",".join(schema.primary_key)}
+                                if schema.primary_key
+                                else None
+                            ),
+                            storage_options=self.location.storage_options(),
+                            raise_if_key_not_exists=False,  # headwater's own property
+                        )
+                        continue
+                    have = self._structure(schema.name, dt)
+                    partitions = dt.metadata().partition_columns
+                    missing = [c for c in schema.missing_from(have) if c.name not in partitions]
+                    if not missing:
+                        return have
+                    fields = [Field(c.name, _DELTA_TYPES[c.type], nullable=True) for c in missing]
+                    dt.alter.add_columns(fields)
+                except (CommitFailedError, DeltaError) as exc:
+                    if not _raced(exc):
+                        raise
+                    self._tables.pop(schema.name, None)  # another writer got there: look again
+            raise DestinationUnavailable(
+                f"delta: table {schema.name!r} kept changing under {_RETRIES} attempts to patch it"
+            )
+
+    def _arrow_schema(self, schema: TableSchema, partition: tuple[str, str] | None) -> pa.Schema:
+        fields = [pa.field(c.name, ARROW_TYPES[c.type]) for c in schema.columns.values()]
+        if partition is not None and partition[1] not in schema.columns:
+            expression, column = partition
+            empty = pa.schema(fields).empty_table()
+            fields.append(pa.field(column, partition_values(empty, expression, column).type))
+        return pa.schema(fields)
+
+    # -- the ledger -------------------------------------------------------------------------
+    def committed(self, writer_id: str) -> int | None:
+        with _classified():
+            text = self.location.read_text(OWN, "batches", safe_name(writer_id))
+        return int(text) if text else None
+
+    def _record(self, writer_id: str, batch_id: int) -> None:
+        self.location.write_text(str(batch_id), OWN, "batches", safe_name(writer_id))
+
+    # -- writing ----------------------------------------------------------------------------
+    def write_batch(self, writer_id: str, batch_id: int, tables: Mapping[str, pa.Table]) -> bool:
+        done = self.committed(writer_id)
+        if done is not None and batch_id <= done:
+            return False
+        schemas = {name: self._known(name) for name in tables}
+        parts = self.stage(writer_id, batch_id, "driver", tables, schemas)
+        try:
+            return self.commit_staged(writer_id, batch_id, parts, schemas)
+        except BaseException:
+            self.discard_staged(writer_id, batch_id, parts)
+            raise
+
+    def _known(self, name: str) -> TableSchema:
+        have = self.table(name)
+        if have is None:
+            raise DestinationError(f"delta: table {name!r} does not exist (ensure_table first)")
+        return have
+
+    def stage(
+        self,
+        writer_id: str,
+        batch_id: int,
+        task: str,
+        tables: Mapping[str, pa.Table],
+        schemas: Mapping[str, TableSchema] | None = None,
+    ) -> list[StagedPart]:
+        parts: list[StagedPart] = []
+        with _classified():
+            for name, rows in tables.items():
+                if not rows.num_rows:
+                    continue
+                key = schemas[name].primary_key if schemas else self.primary_key
+                if key:
+                    parts.extend(self._stage_upsert(writer_id, batch_id, task, name, rows))
+                    continue
+                parts.extend(
+                    write_files(
+                        self.location,
+                        name,
+                        batch_prefix(writer_id, batch_id),
+                        task,
+                        utc_timestamps(without_order(rows)),
+                        self.partitioning(False),
+                        self.options.compression,
+                    )
+                )
+        return parts
+
+    def _stage_upsert(
+        self, writer_id: str, batch_id: int, task: str, name: str, rows: pa.Table
+    ) -> list[StagedPart]:
+        import pyarrow.parquet as pq
+
+        from headwater.destinations.batches import part_name
+
+        folder = (OWN, "staging", safe_name(writer_id), str(batch_id), name)
+        path = self.location.path(*folder, f"{part_name(task)}.parquet")
+        fs = self.location.filesystem()
+        if not self.location.s3:
+            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        rows = utc_timestamps(with_order(rows))
+        with fs.open_output_stream(path) as out:
+            pq.write_table(rows, out, write_statistics=False)
+        return [StagedPart(name, rows.num_rows, path, task, {"upsert": True})]
+
+    def commit_staged(
+        self,
+        writer_id: str,
+        batch_id: int,
+        parts: Sequence[StagedPart],
+        schemas: Mapping[str, TableSchema],
+    ) -> bool:
+        with _classified():
+            done = self.committed(writer_id)
+            if done is not None and batch_id <= done:
+                self._remove(parts)
+                return False
+            missing = [
+                p.ref
+                for p, ok in zip(parts, self.location.exists([p.ref for p in parts]), strict=True)
+                if not ok
+            ]
+            if missing:
+                raise DestinationUnavailable(
+                    f"delta: {len(missing)} staged file(s) are gone, e.g. {missing[0]}: the "
+                    "batch must be staged again"
+                )
+            for name, table_parts in by_table(parts).items():
+                self._commit_table(writer_id, batch_id, name, table_parts)
+            self._record(writer_id, batch_id)
+            self._last[writer_id] = (batch_id, list(parts))
+        return True
+
+    def _commit_table(
+        self, writer_id: str, batch_id: int, name: str, parts: list[StagedPart]
+    ) -> None:
+        from deltalake import CommitProperties, Transaction
+
+        dt = self._load(name)
+        if dt is None:
+            raise DestinationError(f"delta: table {name!r} does not exist (ensure_table first)")
+        recorded = dt.transaction_version(writer_id)
+        if recorded is not None and recorded >= batch_id:  # a replay after a crash mid-batch
+            self._remove(parts)
+            return
+        commit = CommitProperties(
+            custom_metadata={WRITER: writer_id, BATCH: str(batch_id)},
+            app_transactions=[Transaction(writer_id, batch_id)],
+        )
+        if any(p.meta.get("upsert") for p in parts):
+            self._merge(dt, name, parts, commit)
+            self._remove(parts)
+        else:
+            partitions = dt.metadata().partition_columns
+            staged = {k for p in parts for k in p.meta["partition"]}
+            if staged != set(partitions):
+                raise DestinationError(
+                    f"delta: table {name!r} is partitioned by {partitions or 'nothing'}, the "
+                    f"files were staged by {sorted(staged) or 'nothing'}: options.partition_by "
+                    "changed? A table keeps its partitioning; write to a new table"
+                )
+            dt.create_write_transaction(
+                [add_action(p) for p in parts],
+                "append",
+                dt.schema(),
+                partition_by=partitions,
+                commit_properties=commit,
+            )
+        self._after_commit(name, dt, parts)
+
+    def _merge(self, dt: DeltaTable, name: str, parts: list[StagedPart], commit: Any) -> None:
+        import pyarrow.parquet as pq
+
+        have = self._structure(name, dt)
+        key = have.primary_key
+        if not key:
+            raise DestinationError(f"delta: table {name!r} has no primary key to upsert on")
+        fs = self.location.filesystem()
+        staged = pa.concat_tables(
+            [pq.read_table(p.ref, filesystem=fs) for p in parts], promote_options="default"
+        )
+        staged = staged.sort_by(ORDER_COLUMN)
+        rows = dedupe_last(staged, key).drop_columns([ORDER_COLUMN])
+        partition = self.partitioning(True)
+        if partition is not None:
+            values = partition_values(rows, *partition)
+            rows = without_order(rows)
+            if partition[1] in rows.column_names:
+                rows = rows.drop_columns([partition[1]])
+            rows = rows.append_column(partition[1], values)
+        target = dt.schema().to_arrow()
+        columns = []
+        for f in pa.schema(target):
+            if f.name in rows.column_names:
+                columns.append(rows.column(f.name).cast(f.type))
+            else:
+                columns.append(pa.nulls(rows.num_rows, f.type))
+        source = pa.table(columns, schema=pa.schema(target))
+        on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key)
+        (
+            dt.merge(source, on, source_alias="s", target_alias="t", commit_properties=commit)
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .execute()
+        )
+
+    def _after_commit(self, name: str, dt: DeltaTable, parts: list[StagedPart]) -> None:
+        every = self.options.auto_compact_every
+        if not every:
+            return
+        self._commits[name] = self._commits.get(name, 0) + 1
+        if self._commits[name] % every:
+            return
+        from headwater.destinations.delta.maintenance import compact
+
+        touched = {tuple(sorted(p.meta.get("partition", {}).items())) for p in parts}
+        try:
+            compact(dt, self.options, [dict(t) for t in touched if t])
+        except Exception as exc:  # the batch is in; compaction is tried again next time
+            log.warning("delta: compacting %s failed: %s", name, exc)
+
+    # -- staging left over ------------------------------------------------------------------
+    def _remove(self, parts: Sequence[StagedPart]) -> None:
+        self.location.delete([p.ref for p in parts])
+
+    def discard_staged(self, writer_id: str, batch_id: int, parts: Sequence[StagedPart]) -> None:
+        with _classified():
+            self._remove(parts)
+
+    def clean_staging(self, writer_id: str) -> None:
+        """On the first call: every file of this writer's batches after its last recorded one
+        (a crashed run's; a batch in the ledger may have one table's commit missing, which the
+        replay completes with new files) and its upsert staging. After a commit: the files of
+        that batch the commit did not list (task attempts that died), looked up by name."""
+        with _classified():
+            self.location.remove_tree(OWN, "staging", safe_name(writer_id))
+            if writer_id not in self._swept:
+                self._sweep(writer_id)
+                self._swept.add(writer_id)
+                return
+            last = self._last.pop(writer_id, None)
+            if last is None:
+                return
+            batch_id, parts = last
+            kept = {p.ref for p in parts}
+            folders = {p.ref.rsplit("/", 1)[0] for p in parts if not p.meta.get("upsert")}
+            prefix = batch_prefix(writer_id, batch_id)
+            stray = []
+            for folder in folders:
+                rel = folder[len(self.location.root) + 1 :]
+                stray += [f for f in self.location.files(rel, prefix=prefix) if f not in kept]
+            self.location.delete(stray)
+
+    def _sweep(self, writer_id: str) -> None:
+        done = self.committed(writer_id)
+        head = writer_prefix(writer_id)
+        stray = []
+        for path in self.location.files(prefix=head):
+            if f"/{OWN}/" in path:
+                continue
+            batch = batch_of(path.rsplit("/", 1)[1], writer_id)
+            if batch is not None and (done is None or batch > done):
+                stray.append(path)
+        if stray:
+            log.info("delta: removing %d uncommitted file(s) of writer %s", len(stray), writer_id)
+        self.location.delete(stray)
+
+    def close(self) -> None:
+        self._tables.clear()
+
+
+def _raced(exc: BaseException) -> bool:
+    """Another writer created the table or changed its metadata first."""
+    text = str(exc).lower()
+    return any(t in text for t in ("already exists", "concurrent", "conflict", "version"))
+
+
+def _type_name(t: Any) -> str:
+    """A Delta field type's name (``long``, ``decimal(10,2)``, ``struct``...)."""
+    kind = getattr(t, "type", None)
+    return (
+        str(kind)
+        if isinstance(kind, str)
+        else json.dumps(t.to_json() if hasattr(t, "to_json") else str(t))
+    )
+
+
+def open_destination(config: DestinationConfig, data_dir: Path) -> DeltaDestination:
+    options = DeltaOptions.model_validate(config.options)
+    root = str(config.path) if config.path else str(data_dir / "delta" / config.id)
+    try:
+        location = Location.parse(root, options.storage_options)
+    except ValueError as exc:
+        raise DestinationError(f"destination {config.id!r}: {exc}") from None
+    return DeltaDestination(location, options, tuple(config.primary_key))
