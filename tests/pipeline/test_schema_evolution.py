@@ -1,8 +1,8 @@
 """Schema evolution through the whole writer (steps, typing, table patching, the write), against
-DuckDB, PostgreSQL and ClickHouse (chdb): new fields, type drift across batches (int -> float ->
-string, bool -> int, timestamp -> string), nested objects appearing, and a column added
-underneath by another writer. No value is ever lost: what does not fit a column lands in its
-typed sibling ``<name>__<type>``.
+DuckDB, PostgreSQL, ClickHouse (chdb) and Delta Lake: new fields, type drift across batches
+(int -> float -> string, bool -> int, timestamp -> string), nested objects appearing, and a
+column added underneath by another writer. No value is ever lost: what does not fit a column
+lands in its typed sibling ``<name>__<type>``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from headwater.testing.pipeline import batch
 from headwater.testing.warehouse import add_column_elsewhere, read_rows, scratch_destination
 
 
-@pytest.fixture(params=["duckdb", "postgres", "clickhouse"])
+@pytest.fixture(params=["duckdb", "postgres", "clickhouse", "delta"])
 def writer(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DestinationWriter]:
     dest = scratch_destination(request, str(request.param), tmp_path)
     config = HeadwaterConfig.model_validate(

@@ -24,7 +24,7 @@ from headwater.pipeline import sink
 from headwater.pipeline.plan import BatchPlan, widen_tables
 from headwater.pipeline.sink import SinkWriter
 from headwater.testing.pipeline import SOURCE_SCHEMA, process, rows_of, source_table
-from headwater.testing.warehouse import query, scratch_destination
+from headwater.testing.warehouse import delta_leftovers, query, scratch_destination
 
 ROWS = 3000
 TEMPLATE = "{{ kind }}"
@@ -55,7 +55,7 @@ def frame(spark: Any) -> DataFrame:
     return spark.createDataFrame(rows_of(values()), SOURCE_SCHEMA).repartition(4)
 
 
-@pytest.fixture(params=["duckdb", "postgres"])
+@pytest.fixture(params=["duckdb", "postgres", "delta"])
 def setup(
     request: pytest.FixtureRequest, tmp_path: Path, spark: Any
 ) -> Iterator[tuple[HeadwaterConfig, Destination, BatchPlan]]:
@@ -197,5 +197,7 @@ def staging_left(d: Destination) -> list[str]:
 
         rows = query(d, f"SELECT tablename FROM pg_tables WHERE schemaname = '{STAGING_SCHEMA}'")
         return [str(r[0]) for r in rows]
+    if d.kind == "delta":
+        return delta_leftovers(d)
     folder: Path = d.staging  # type: ignore[attr-defined]
     return [str(p) for p in folder.rglob("*") if p.is_file()] if folder.exists() else []

@@ -10,7 +10,7 @@ import signal
 import threading
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -223,3 +223,86 @@ def step_cmd(ctx: click.Context, destination: str, count: int, fmt: str) -> None
 
     if not step(cli_config(ctx), destination, count, show):
         ctx.exit(1)
+
+
+def _delta(ctx: click.Context, destination: str) -> Any:
+    """The configured Delta destination ``destination``, opened (a clear error otherwise)."""
+    from headwater.destinations import open_destination
+
+    config = cli_config(ctx)
+    dest = next((d for d in config.pipeline.destinations if d.id == destination), None)
+    if dest is None:
+        known = ", ".join(d.id for d in config.pipeline.destinations) or "none"
+        raise click.BadParameter(f"no destination {destination!r} (configured: {known})")
+    if dest.type != "delta":
+        raise click.BadParameter(f"destination {destination!r} is {dest.type}, not delta")
+    return open_destination(dest, config.data_dir)
+
+
+def _maintained(results: list[Any], fmt: str) -> None:
+    if fmt == "json":
+        for r in results:
+            echo_json(r.to_json())
+        return
+    rows = [(r.table, r.action, r.files_added, r.files_removed, r.version) for r in results]
+    click.echo(table(("table", "action", "files added", "files removed", "version"), rows))
+
+
+@pipeline_cmd.command("optimize")
+@click.argument("destination")
+@click.option("--table", "-t", "tables", multiple=True, help="Only this table (repeatable).")
+@click.option(
+    "--zorder",
+    "zorder",
+    multiple=True,
+    help="Z-order by this column (repeatable) [default: the destination's options.zorder_by].",
+)
+@format_option
+@config_option
+@click.pass_context
+def optimize_cmd(
+    ctx: click.Context, destination: str, tables: tuple[str, ...], zorder: tuple[str, ...], fmt: str
+) -> None:
+    """Compact the small files of DESTINATION's Delta tables into files of about
+    options.target_file_mb (a version of its own per table; the rows do not change), optionally
+    Z-ordered. Safe while the pipeline writes."""
+    from headwater.destinations.delta.maintenance import optimize
+
+    d = _delta(ctx, destination)
+    try:
+        _maintained(optimize(d, list(tables) or d.tables(), list(zorder) or None), fmt)
+    finally:
+        d.close()
+
+
+@pipeline_cmd.command("vacuum")
+@click.argument("destination")
+@click.option("--table", "-t", "tables", multiple=True, help="Only this table (repeatable).")
+@click.option(
+    "--retention-hours",
+    type=click.IntRange(min=0),
+    default=168,
+    show_default=True,
+    help="Keep every file a version this recent needs (time travel and slow readers).",
+)
+@click.option("--dry-run", is_flag=True, help="Count the files, delete nothing.")
+@format_option
+@config_option
+@click.pass_context
+def vacuum_cmd(
+    ctx: click.Context,
+    destination: str,
+    tables: tuple[str, ...],
+    retention_hours: int,
+    dry_run: bool,
+    fmt: str,
+) -> None:
+    """Delete the files of DESTINATION's Delta tables that no version within the retention
+    needs: those compaction replaced, and files never committed (a crashed task's)."""
+    from headwater.destinations.delta.maintenance import vacuum
+
+    d = _delta(ctx, destination)
+    try:
+        _maintained(vacuum(d, list(tables) or d.tables(), retention_hours, dry_run), fmt)
+    finally:
+        d.close()

@@ -117,13 +117,19 @@ def read_rows(writer: Any, sql: str) -> list[tuple[Any, ...]]:
 
 def add_column_elsewhere(writer: Any, table: str, column: str, sql_type: str) -> None:
     d = writer.destination
+    if d.kind == "delta":  # another Delta writer: delta-rs's ADD COLUMNS
+        from deltalake import DeltaTable, Field
+
+        uri, options = d.location.uri(table), d.location.storage_options()
+        DeltaTable(uri, storage_options=options).alter.add_columns(Field(column, sql_type))
+        return
     q = d.dialect.quote
     execute_elsewhere(d, f"ALTER TABLE {q(table)} ADD COLUMN {q(column)} {sql_type}")
 
 
 def delta_leftovers(destination: Any) -> list[str]:
-    """Files of a local Delta destination that no table's current version lists (besides the
-    logs and the ledger): staged, never committed, not cleaned."""
+    """Files a local Delta destination staged that no table's current version lists: staged,
+    never committed, not cleaned (files that compaction or a MERGE replaced are vacuum's)."""
     root = Path(destination.location.root)
     listed: set[str] = set()
     from deltalake import DeltaTable
@@ -133,6 +139,8 @@ def delta_leftovers(destination: Any) -> list[str]:
     out = []
     for p in root.rglob("*"):
         if not p.is_file() or "_delta_log" in p.parts or "batches" in p.parts:
+            continue
+        if not p.name.startswith("hw-") and "staging" not in p.parts:
             continue
         if str(p) not in listed:
             out.append(str(p))

@@ -123,7 +123,6 @@ class DeltaDestination(Destination):
         self.dialect = DeltaDialect()
         self._tables: dict[str, DeltaTable] = {}
         self._commits: dict[str, int] = {}  # per table, for auto-compaction
-        self._swept: set[str] = set()  # writers whose leftovers were swept since opening
         self._last: dict[str, tuple[int, list[StagedPart]]] = {}  # writer -> last commit
 
     # -- structure ------------------------------------------------------------------------
@@ -143,6 +142,20 @@ class DeltaDestination(Destination):
             return None
         self._tables[name] = dt
         return dt
+
+    def delta_table(self, name: str) -> DeltaTable:
+        """The table, loaded (maintenance); a clear error when it does not exist."""
+        with _classified():
+            dt = self._load(name)
+        if dt is None:
+            raise DestinationError(f"delta: no table {name!r} at {self.location.uri(name)}")
+        return dt
+
+    def tables(self) -> list[str]:
+        """The tables below the root (folders with a Delta log)."""
+        with _classified():
+            names = [n for n in self.location.folders() if n != OWN]
+            return [n for n in names if "_delta_log" in self.location.folders(n)]
 
     def table(self, name: str) -> TableSchema | None:
         with _classified():
@@ -313,15 +326,19 @@ class DeltaDestination(Destination):
                     f"delta: {len(missing)} staged file(s) are gone, e.g. {missing[0]}: the "
                     "batch must be staged again"
                 )
+            written = []  # a table whose log held the batch already keeps its files as they are
             for name, table_parts in by_table(parts).items():
-                self._commit_table(writer_id, batch_id, name, table_parts)
+                if self._commit_table(writer_id, batch_id, name, table_parts):
+                    written += table_parts
             self._record(writer_id, batch_id)
-            self._last[writer_id] = (batch_id, list(parts))
+            self._last[writer_id] = (batch_id, written)
         return True
 
     def _commit_table(
         self, writer_id: str, batch_id: int, name: str, parts: list[StagedPart]
-    ) -> None:
+    ) -> bool:
+        """One table's share of the batch as one transaction; False (its parts removed) when
+        the table's log holds the writer's batch already."""
         from deltalake import CommitProperties, Transaction
 
         dt = self._load(name)
@@ -330,7 +347,7 @@ class DeltaDestination(Destination):
         recorded = dt.transaction_version(writer_id)
         if recorded is not None and recorded >= batch_id:  # a replay after a crash mid-batch
             self._remove(parts)
-            return
+            return False
         commit = CommitProperties(
             custom_metadata={WRITER: writer_id, BATCH: str(batch_id)},
             app_transactions=[Transaction(writer_id, batch_id)],
@@ -355,6 +372,7 @@ class DeltaDestination(Destination):
                 commit_properties=commit,
             )
         self._after_commit(name, dt, parts)
+        return True
 
     def _merge(self, dt: DeltaTable, name: str, parts: list[StagedPart], commit: Any) -> None:
         import pyarrow.parquet as pq
@@ -403,6 +421,7 @@ class DeltaDestination(Destination):
 
         touched = {tuple(sorted(p.meta.get("partition", {}).items())) for p in parts}
         try:
+            dt.update_incremental()  # with this batch's files
             compact(dt, self.options, [dict(t) for t in touched if t])
         except Exception as exc:  # the batch is in; compaction is tried again next time
             log.warning("delta: compacting %s failed: %s", name, exc)
@@ -416,18 +435,16 @@ class DeltaDestination(Destination):
             self._remove(parts)
 
     def clean_staging(self, writer_id: str) -> None:
-        """On the first call: every file of this writer's batches after its last recorded one
-        (a crashed run's; a batch in the ledger may have one table's commit missing, which the
-        replay completes with new files) and its upsert staging. After a commit: the files of
-        that batch the commit did not list (task attempts that died), looked up by name."""
+        """Right after a commit: the files of that batch the commit did not list (task attempts
+        that died, an attempt that failed before the batch was run again), looked up by name
+        in the folders the batch wrote to. Any other time (a writer starting, a failed job):
+        every file of this writer's batches after its last recorded one, and its upsert
+        staging. What still escapes (a batch given up) is old and unlisted: ``vacuum``'s."""
         with _classified():
             self.location.remove_tree(OWN, "staging", safe_name(writer_id))
-            if writer_id not in self._swept:
-                self._sweep(writer_id)
-                self._swept.add(writer_id)
-                return
             last = self._last.pop(writer_id, None)
             if last is None:
+                self._sweep(writer_id)
                 return
             batch_id, parts = last
             kept = {p.ref for p in parts}
@@ -440,15 +457,22 @@ class DeltaDestination(Destination):
             self.location.delete(stray)
 
     def _sweep(self, writer_id: str) -> None:
+        """Remove this writer's files of batches after its ledger's, but those a table's log
+        holds (a batch cut between two tables' commits: the replay completes it)."""
         done = self.committed(writer_id)
         head = writer_prefix(writer_id)
-        stray = []
+        by_table: dict[str, list[tuple[str, int]]] = {}
         for path in self.location.files(prefix=head):
-            if f"/{OWN}/" in path:
+            rel = path[len(self.location.root) + 1 :]
+            batch = batch_of(rel.rsplit("/", 1)[-1], writer_id)
+            if rel.startswith(f"{OWN}/") or batch is None or (done is not None and batch <= done):
                 continue
-            batch = batch_of(path.rsplit("/", 1)[1], writer_id)
-            if batch is not None and (done is None or batch > done):
-                stray.append(path)
+            by_table.setdefault(rel.split("/", 1)[0], []).append((path, batch))
+        stray = []
+        for name, files in by_table.items():
+            dt = self._load(name)
+            recorded = dt.transaction_version(writer_id) if dt is not None else None
+            stray += [p for p, batch in files if recorded is None or batch > recorded]
         if stray:
             log.info("delta: removing %d uncommitted file(s) of writer %s", len(stray), writer_id)
         self.location.delete(stray)

@@ -113,6 +113,14 @@ class Location:
             if info.type == pafs.FileType.File and info.base_name.startswith(prefix):
                 yield info.path
 
+    def folders(self, *names: str) -> list[str]:
+        """The names of the folders right below ``names``."""
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(self.path(*names), allow_not_found=True)
+        infos = self.filesystem().get_file_info(selector)
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
     def delete(self, paths: list[str]) -> None:
         fs = self.filesystem()
         for p in paths:
