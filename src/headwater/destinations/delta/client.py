@@ -64,7 +64,7 @@ from headwater.destinations.delta.datafiles import (
 from headwater.destinations.delta.dialect import DeltaDialect
 from headwater.destinations.delta.storage import Location
 from headwater.destinations.types import ColumnType
-from headwater.errors import HeadwaterError
+from headwater.errors import HeadwaterError, MissingDependencyError
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -498,6 +498,10 @@ def _type_name(t: Any) -> str:
 
 
 def open_destination(config: DestinationConfig, data_dir: Path) -> DeltaDestination:
+    try:
+        import deltalake  # noqa: F401
+    except ImportError as exc:
+        raise MissingDependencyError("deltalake", "delta") from exc
     options = DeltaOptions.model_validate(config.options)
     root = str(config.path) if config.path else str(data_dir / "delta" / config.id)
     try:
