@@ -22,8 +22,10 @@ from headwater.bus import Message, open_bus
 from headwater.bus import context as ctx
 from headwater.cli.main import cli
 from headwater.config.loader import load_config
+from headwater.destinations import open_destination
 from headwater.pipeline.failed import FailedStore
 from headwater.pipeline.runner import Pipeline
+from headwater.testing.warehouse import delta_query
 
 TOPIC = "events-track"
 EMBEDDED: dict[str, Any] = {"embedded": {"durability": "never"}}
@@ -86,7 +88,15 @@ def run_pipeline(spark: Any, config_path: Path) -> Pipeline:
 
 
 def rows(config_path: Path, sql: str) -> list[tuple[Any, ...]]:
-    path = load_config(config_path).warehouse_path()
+    config = load_config(config_path)
+    dest = config.pipeline.destinations[0]
+    if dest.type == "delta":  # read by delta-rs
+        d = open_destination(dest, config.data_dir)
+        try:
+            return delta_query(d, sql)
+        finally:
+            d.close()
+    path = config.warehouse_path()
     with duckdb.connect(str(path), read_only=True) as con:
         return con.execute(sql).fetchall()
 
@@ -97,10 +107,22 @@ def cli_json(config_path: Path, *args: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in result.output.splitlines()]
 
 
+@pytest.fixture(params=["duckdb", "delta"])
+def dest_type(request: pytest.FixtureRequest, bus_section: dict[str, Any]) -> dict[str, Any]:
+    """The destination: DuckDB on either bus, a Delta folder on the embedded log."""
+    if request.param == "duckdb":
+        return {}
+    if bus_section is not EMBEDDED:
+        pytest.skip("Delta is checked on the embedded log")
+    return {"type": "delta", "options": {"partition_by": None}}  # at <data_dir>/delta/warehouse
+
+
 def test_failed_events_replayed_after_a_fix_land_once(
-    spark: Any, tmp_path: Path, bus_section: dict[str, Any]
+    spark: Any, tmp_path: Path, bus_section: dict[str, Any], dest_type: dict[str, Any]
 ) -> None:
-    config_path = write_config(tmp_path / "headwater.yaml", "{{ category }}", bus_section)
+    config_path = write_config(
+        tmp_path / "headwater.yaml", "{{ category }}", bus_section, **dest_type
+    )
     values = [{"n": n, "category": "books"} if n % 3 else {"n": n} for n in range(12)]
     append_events(config_path, values)
 
@@ -114,7 +136,7 @@ def test_failed_events_replayed_after_a_fix_land_once(
     assert all(json.loads(s["value"]) == {"n": int(s["headers"]["event-id"][3:])} for s in shown)
 
     # the operator fixes the template, then replays what failed
-    write_config(config_path, "{{ category | default('misc') }}", bus_section)
+    write_config(config_path, "{{ category | default('misc') }}", bus_section, **dest_type)
     assert cli_json(config_path, "failed", "replay", "--destination", "warehouse") == [
         {"replayed": {"warehouse": 4}}
     ]
