@@ -1,7 +1,8 @@
 """Crash test: ``headwater pipeline`` (stream mode, small micro-batches, DuckDB) is SIGKILLed at
 random points while it writes, at least 10 times, and restarted on the same checkpoint; after
 each kill the warehouse holds no event twice, and once it has caught up it holds every event
-exactly once.
+exactly once. The same, 3 kills, with a Python function making three events of each, and into
+a Delta table (counted by event id through delta-rs).
 
 The whole process group is killed (the Python driver and Spark's JVM), as a power cut would.
 """
@@ -29,6 +30,8 @@ from headwater.bus import context, open_bus
 from headwater.bus.records import Message
 from headwater.config.loader import load_config
 from headwater.config.model import HeadwaterConfig
+from headwater.destinations import open_destination
+from headwater.testing.warehouse import delta_query
 
 FIRST = 1200  # events on the log before the first start
 PER_ROUND = 300  # events added before each restart, so that every run has batches to write
@@ -42,7 +45,7 @@ def triple(event):
 """
 
 
-def write_config(tmp_path: Path, fan_out: bool = False) -> Path:
+def write_config(tmp_path: Path, fan_out: bool = False, kind: str = "duckdb") -> Path:
     path = tmp_path / "headwater.yaml"
     functions = []
     if fan_out:  # a module beside the config, as a user keeps one
@@ -56,7 +59,7 @@ def write_config(tmp_path: Path, fan_out: bool = False) -> Path:
             "destinations": [
                 {
                     "id": "wh",
-                    "type": "duckdb",
+                    "type": kind,
                     "mode": "stream",
                     "trigger_interval_s": 0,
                     "max_records_per_trigger": 300,
@@ -128,6 +131,17 @@ def kill_while_writing(config_file: Path, rng: random.Random) -> None:
 
 
 def counts(config: HeadwaterConfig) -> tuple[int, int]:
+    sql = "select count(*), count(distinct eventn_ctx_event_id) from events"
+    dest = config.pipeline.destinations[0]
+    if dest.type == "delta":
+        d = open_destination(dest, config.data_dir)
+        try:
+            if d.table("events") is None:
+                return 0, 0
+            ((n, distinct),) = delta_query(d, sql)
+        finally:
+            d.close()
+        return int(n), int(distinct)
     with closing(duckdb.connect(str(config.warehouse_path()), read_only=True)) as c:
         (row,) = c.execute(
             "select count(*), count(distinct eventn_ctx_event_id) from events"
@@ -136,13 +150,15 @@ def counts(config: HeadwaterConfig) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize(
-    ("fan_out", "kills"), [(False, KILLS), (True, 3)], ids=["plain", "fan-out"]
+    ("fan_out", "kills", "kind"),
+    [(False, KILLS, "duckdb"), (True, 3, "duckdb"), (False, 3, "delta")],
+    ids=["plain", "fan-out", "delta"],
 )
 def test_sigkilled_pipeline_writes_each_event_exactly_once(
-    tmp_path: Path, fan_out: bool, kills: int
+    tmp_path: Path, fan_out: bool, kills: int, kind: str
 ) -> None:
     """With fan_out, a Python function makes three events of each: each of those once too."""
-    config_file = write_config(tmp_path, fan_out)
+    config_file = write_config(tmp_path, fan_out, kind)
     config = load_config(config_file)
     fill_log(config, 0, FIRST)
     total = FIRST
