@@ -1,6 +1,7 @@
 """``headwater pipeline``: run the destinations' Spark queries; ``headwater pipeline status``:
 how each destination's writer is doing, as the running pipeline last wrote it;
-``headwater pipeline pause``/``resume``: hold a destination's query and start it again."""
+``headwater pipeline pause``/``resume``: hold a destination's query and start it again;
+``headwater pipeline optimize``/``vacuum``: maintenance of a Delta destination's tables."""
 
 from __future__ import annotations
 
@@ -270,7 +271,8 @@ def optimize_cmd(
 
     d = _delta(ctx, destination)
     try:
-        _maintained(optimize(d, list(tables) or d.tables(), list(zorder) or None), fmt)
+        loaded = {t: d.delta_table(t) for t in tables or d.tables()}
+        _maintained(optimize(loaded, d.options, list(zorder) or None), fmt)
     finally:
         d.close()
 
@@ -303,6 +305,7 @@ def vacuum_cmd(
 
     d = _delta(ctx, destination)
     try:
-        _maintained(vacuum(d, list(tables) or d.tables(), retention_hours, dry_run), fmt)
+        loaded = {t: d.delta_table(t) for t in tables or d.tables()}
+        _maintained(vacuum(loaded, retention_hours, dry_run), fmt)
     finally:
         d.close()

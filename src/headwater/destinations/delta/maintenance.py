@@ -14,8 +14,6 @@ from headwater.destinations.delta.config import DeltaOptions
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
-    from headwater.destinations.delta.client import DeltaDestination
-
 MIB = 1 << 20
 
 
@@ -57,14 +55,13 @@ def compact(
 
 
 def optimize(
-    destination: DeltaDestination, tables: Sequence[str], zorder: Sequence[str] | None = None
+    tables: Mapping[str, DeltaTable], options: DeltaOptions, zorder: Sequence[str] | None = None
 ) -> list[Maintained]:
     """Compact each table (Z-ordered by ``zorder``, else ``options.zorder_by``)."""
-    columns = list(zorder if zorder is not None else destination.options.zorder_by)
+    columns = list(zorder if zorder is not None else options.zorder_by)
     out = []
-    for name in tables:
-        dt = destination.delta_table(name)
-        m = compact(dt, destination.options, zorder=columns)
+    for name, dt in tables.items():
+        m = compact(dt, options, zorder=columns)
         dt.update_incremental()
         action = "zorder" if columns else "optimize"
         out.append(Maintained(name, action, m["numFilesAdded"], m["numFilesRemoved"], dt.version()))
@@ -72,13 +69,12 @@ def optimize(
 
 
 def vacuum(
-    destination: DeltaDestination, tables: Sequence[str], retention_hours: int, dry_run: bool
+    tables: Mapping[str, DeltaTable], retention_hours: int, dry_run: bool
 ) -> list[Maintained]:
     """Delete the files no version newer than ``retention_hours`` needs (and files never
     committed that are as old); ``dry_run``: only count them."""
     out = []
-    for name in tables:
-        dt = destination.delta_table(name)
+    for name, dt in tables.items():
         gone = dt.vacuum(
             retention_hours=retention_hours, dry_run=dry_run, enforce_retention_duration=False
         )
