@@ -20,7 +20,8 @@ from deltalake import DeltaTable
 from headwater.cli.main import cli
 from headwater.destinations import Column, TableSchema, open_destination
 from headwater.destinations.base import ORDER_COLUMN, DestinationError, DestinationUnavailable
-from headwater.destinations.delta.client import DeltaDestination, classify
+from headwater.destinations.delta.client import DeltaDestination
+from headwater.destinations.delta.errors import classify
 from headwater.destinations.types import ColumnType as T
 from headwater.pipeline.config import DestinationConfig
 from headwater.testing.warehouse import delta_leftovers, delta_query

@@ -1,6 +1,7 @@
 """Mirrors (``apply: upsert``): a PostgreSQL table read by the CDC reader onto the embedded log,
-then applied by the pipeline into DuckDB, another PostgreSQL database and ClickHouse (chdb),
-which end equal to the source row for row and column for column; a bad change among many is
+then applied by the pipeline into DuckDB, another PostgreSQL database, ClickHouse (chdb) and a
+Delta table (read back by delta-rs), which end equal to the source row for row and column for
+column; a bad change among many is
 isolated; with ``on_error: stop`` the destination stays at its last committed batch."""
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from tests.transport.pg_source import (
 from headwater.bus.embedded.backend import EmbeddedBus
 from headwater.cli.main import cli as main_cli
 from headwater.config.model import HeadwaterConfig
+from headwater.destinations import open_destination
 from headwater.pipeline.failed import FailedStore
 from headwater.pipeline.runner import Pipeline
+from headwater.testing.warehouse import delta_query
 from headwater.transport.message import Change, Mode, Op, encode
 
 pytestmark = pytest.mark.slow
@@ -47,6 +50,7 @@ def config_for(
     destinations = [
         {"id": "duck", "type": "duckdb", "path": str(tmp_path / "m.duckdb"), **common},
         {"id": "pg", "type": "postgres", "dsn": target, **common},
+        {"id": "lake", "type": "delta", "path": str(tmp_path / "lake"), **common},
     ]
     if clickhouse is not None:  # chdb: one data folder per process, a database per test
         database = {"database": f"m{uuid.uuid4().hex[:12]}"}
@@ -118,6 +122,16 @@ def source_rows(dsn: str) -> list[tuple[Any, ...]]:
         return table_rows(c.execute(f"select {COLUMNS} from kinds").fetchall())
 
 
+def delta_rows(config: HeadwaterConfig, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` over the Delta mirror, read by delta-rs."""
+    dest = next(d for d in config.pipeline.destinations if d.type == "delta")
+    d = open_destination(dest, config.data_dir)
+    try:
+        return delta_query(d, sql)
+    finally:
+        d.close()
+
+
 def duck_rows(path: Path) -> list[tuple[Any, ...]]:
     with duckdb.connect(str(path), read_only=True) as c:
         return table_rows(c.execute(f"select {COLUMNS} from kinds").fetchall())
@@ -166,6 +180,7 @@ def test_a_table_is_mirrored_into_duckdb_postgres_and_clickhouse(
     ch = clickhouse_rows(config, f"SELECT {ch_columns} FROM {{db}}.kinds FINAL")
     as_hex = [tuple(v.hex() if isinstance(v, bytes) else v for v in r) for r in expected]
     assert table_rows(ch) == as_hex
+    assert table_rows(delta_rows(config, f"SELECT {COLUMNS} FROM kinds")) == expected
     with duckdb.connect(str(tmp_path / "m.duckdb"), read_only=True) as c:
         extra = dict(c.execute("select id, extra from kinds where extra is not null").fetchall())
     assert extra == {i: f"x{i}" for i in range(1, 50) if i % 4 and i != 7}
@@ -208,6 +223,7 @@ def test_truncate_and_toast(
     assert sorted(clickhouse_rows(config, "SELECT id, title, body FROM {db}.docs FINAL")) == (
         expected
     )
+    assert sorted(delta_rows(config, "SELECT id, title, body FROM docs")) == expected
 
 
 def poison(log_dir: Path, topic: str, ids: list[int]) -> None:
@@ -245,15 +261,17 @@ def test_isolate_fails_only_the_bad_changes(
     with psycopg.connect(target) as c:
         assert c.execute("select count(*) from t").fetchone() == (10000,)
     assert clickhouse_rows(config, "SELECT count() FROM {db}.t FINAL") == [(10000,)]
+    assert delta_rows(config, "SELECT count(*), min(id), max(id) FROM t") == [(10000, 1, 10000)]
     failed = FailedStore(config).events()
     assert sorted((f.destination, json.loads(f.value)["key"]["id"]) for f in failed) == sorted(
-        (d, i) for d in ("duck", "pg", "ch") for i in (20001, 20002, 20003)
+        (d, i) for d in ("duck", "pg", "ch", "lake") for i in (20001, 20002, 20003)
     )
     assert {f.step for f in failed} == {"apply"}
 
 
+@pytest.mark.parametrize("mirror", ["duck", "lake"])
 def test_stop_mode_then_step_and_set_offset(
-    spark: Any, source: str, target: str, tmp_path: Path
+    spark: Any, source: str, target: str, tmp_path: Path, mirror: str
 ) -> None:
     execute(source, "create table t (id int primary key, n numeric(6,2))")
     execute(source, "insert into t select g, 1 from generate_series(1, 10) g")
@@ -262,24 +280,24 @@ def test_stop_mode_then_step_and_set_offset(
     config_file.write_text(config.model_dump_json())
     state = tmp_path / "state"
     read_into_log(source, config.log_dir(), state, 10)
-    run_mirrors(config, spark, ["duck"])
+    run_mirrors(config, spark, [mirror])
     topic = cdc_topic(config)
     poison(config.log_dir(), topic, [99])
     execute(source, "insert into t values (11, 2), (12, 3)")
     read_into_log(source, config.log_dir(), state, 13)
     with pytest.raises(Exception, match="on_error: stop"):
-        run_mirrors(config, spark, ["duck"])
-    assert duck_ids(tmp_path) == list(range(1, 11))  # the last committed batch's state
+        run_mirrors(config, spark, [mirror])
+    assert mirror_ids(config, mirror) == list(range(1, 11))  # the last committed batch's state
 
     cli = CliRunner()
-    base = ["--config", str(config_file), "pipeline", "step", "-d", "duck", "--format", "json"]
+    base = ["--config", str(config_file), "pipeline", "step", "-d", mirror, "--format", "json"]
     stepped = cli.invoke(main_cli, [*base, "-n", "100"])
     assert stepped.exit_code == 1, stepped.output
     steps = [json.loads(line) for line in stepped.output.splitlines()]
     *before, failed = steps
     assert failed["outcome"] == "failed" and "not a number" in failed["error"]
     assert all(s["outcome"] in ("applied", "skipped") for s in before)
-    assert set(range(1, 11)) <= set(duck_ids(tmp_path)) <= set(range(1, 13))
+    assert set(range(1, 11)) <= set(mirror_ids(config, mirror)) <= set(range(1, 13))
     again = cli.invoke(main_cli, [*base, "-n", "1"])  # stuck on it: the same failure
     assert again.exit_code == 1 and json.loads(again.output) == failed
 
@@ -291,7 +309,7 @@ def test_stop_mode_then_step_and_set_offset(
             "log",
             "set-offset",
             "--group",
-            "duck",
+            mirror,
             failed["topic"],
             str(failed["partition"]),
             str(failed["offset"] + 1),
@@ -300,14 +318,14 @@ def test_stop_mode_then_step_and_set_offset(
     assert mark.exit_code == 0, mark.output
     execute(source, "insert into t values (13, 4)")
     read_into_log(source, config.log_dir(), state, 14)  # 13 rows and the poisoned change
-    had = len(duck_ids(tmp_path))
+    had = len(mirror_ids(config, mirror))
     one = cli.invoke(main_cli, [*base, "-n", "1"])
     assert one.exit_code == 0, one.output
     (moved,) = [json.loads(line) for line in one.output.splitlines()]  # exactly one message
     assert moved["outcome"] in ("applied", "skipped") and moved["offset"] != failed["offset"]
-    assert len(duck_ids(tmp_path)) - had == (moved["op"] == "insert")
-    run_mirrors(config, spark, ["duck"])
-    assert duck_ids(tmp_path) == list(range(1, 14))
+    assert len(mirror_ids(config, mirror)) - had == (moved["op"] == "insert")
+    run_mirrors(config, spark, [mirror])
+    assert mirror_ids(config, mirror) == list(range(1, 14))
 
 
 def run_mirrors(config: HeadwaterConfig, spark: Any, only: list[str] | None = None) -> None:
@@ -325,6 +343,20 @@ def cdc_topic(config: HeadwaterConfig) -> str:
         return next(t.name for t in bus.topics() if t.name.startswith("cdc."))
     finally:
         bus.close()
+
+
+def mirror_ids(config: HeadwaterConfig, mirror: str) -> list[int]:
+    """The ids in mirror ``mirror``'s table t (duck: DuckDB; lake: Delta, by delta-rs)."""
+    if mirror == "lake":
+        dest = next(d for d in config.pipeline.destinations if d.id == "lake")
+        d = open_destination(dest, config.data_dir)
+        try:
+            if d.table("t") is None:
+                return []
+            return [r[0] for r in delta_query(d, "select id from t order by id")]
+        finally:
+            d.close()
+    return duck_ids(config.data_dir.parent)
 
 
 def duck_ids(tmp_path: Path) -> list[int]:

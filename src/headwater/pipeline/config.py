@@ -25,7 +25,7 @@ DESTINATION_TYPES = (
     "snowflake",
     "bigquery",
 )
-MIRROR_TYPES = ("duckdb", "postgres", "clickhouse")  # destinations that can apply: upsert
+MIRROR_TYPES = ("duckdb", "postgres", "clickhouse", "delta")  # destinations that can apply: upsert
 DEFAULT_TOPIC_PATTERN = r"events-.*|clickstream-.*"
 MIRROR_TOPIC_PATTERN = r"cdc\..*"  # the transport readers' default topics
 
@@ -118,7 +118,8 @@ class DestinationConfig(Section):
     apply: Literal["append", "upsert"] = Field(
         "append",
         description="append: events become rows; upsert: transport changes are applied so "
-        "that each table mirrors its source (duckdb, postgres, clickhouse; docs/transport.md).",
+        "that each table mirrors its source (duckdb, postgres, clickhouse, delta; "
+        "docs/transport.md).",
     )
     namespace: str = Field(
         ".*", description="apply: upsert: a regex over the namespaces (db.schema.table) taken."

@@ -233,17 +233,13 @@ class ApplySql(ABC):
             f"WHERE {newest} IS NOT NULL AND coalesce({recorded}, -1) < {newest}",
         ]
 
-    def row_statements(
-        self,
-        source: str,
-        t: MirrorTable,
-        writer_id: str,
-        chunk: tuple[int, int] = (0, 1),
-    ) -> list[str]:
-        """The statements of the namespace's row changes, after ``truncate_statements``: per
-        key the last change wins. ``chunk`` (i, n): only the keys of part i of n (a key's
-        changes are all in one part, so the parts may run one after the other)."""
-        table, ns = q(t.name), lit(t.namespace)
+    def changed(
+        self, source: str, t: MirrorTable, writer_id: str, chunk: tuple[int, int] = (0, 1)
+    ) -> str:
+        """SQL of the namespace's row changes in ``source`` that apply: those after the batch's
+        truncate in their partition, and none older than the truncate recorded or newest (a
+        late partition's). ``chunk`` (i, n): only the keys of part i of n."""
+        ns = lit(t.namespace)
         cut = (
             f"SELECT part, max({ORDER}) AS cut FROM {source} x "
             f"WHERE namespace = {ns} AND op = 'truncate' GROUP BY part"
@@ -259,19 +255,28 @@ class ApplySql(ABC):
         )
         if chunk[1] > 1:
             mine += f" AND {self.bucket('s.key', chunk[1])} = {chunk[0]}"
+        return mine
+
+    def row_statements(
+        self,
+        source: str,
+        t: MirrorTable,
+        writer_id: str,
+        chunk: tuple[int, int] = (0, 1),
+    ) -> list[str]:
+        """The statements of the namespace's row changes, after ``truncate_statements``: per
+        key the last change wins. ``chunk`` (i, n): only the keys of part i of n (a key's
+        changes are all in one part, so the parts may run one after the other)."""
+        table = q(t.name)
+        mine = self.changed(source, t, writer_id, chunk)
         names = ", ".join(q(c.name) for c in t.columns)
         if not t.key:
-            values = ", ".join(
-                self.typed(self.field("data", c.name), c.source_type) for c in t.columns
-            )
             return [
-                f"INSERT INTO {table} ({names}) SELECT {values} FROM ({mine}) m "
+                f"INSERT INTO {table} ({names}) SELECT {self.inserted(t)} FROM ({mine}) m "
                 f"WHERE op IN ('read', 'insert') ORDER BY part, {ORDER}"
             ]
-        last = self._last(mine, t)
-        key_match = " AND ".join(
-            f"t.{q(k)} = {self.typed(self.field('l.key', k), self._type(t, k))}" for k in t.key
-        )
+        last = self.last_per_key(mine, t)
+        key_match = " AND ".join(f"t.{q(k)} = {self.typed_key(t, k)}" for k in t.key)
         values = ", ".join(
             f"CASE WHEN l.{q('set:' + c.name)} THEN {self.typed(f'l.{q(c.name)}', c.source_type)}"
             f" ELSE t.{q(c.name)} END"
@@ -287,6 +292,14 @@ class ApplySql(ABC):
             f"LEFT JOIN {table} t ON {key_match} WHERE l.op <> 'delete' "
             f"ON CONFLICT ({keys}) {conflict}",
         ]
+
+    def inserted(self, t: MirrorTable) -> str:
+        """SQL of a change's values (``data``), typed: what a keyless table appends."""
+        return ", ".join(self.typed(self.field("data", c.name), c.source_type) for c in t.columns)
+
+    def typed_key(self, t: MirrorTable, name: str) -> str:
+        """SQL of key column ``name``'s value, from ``last_per_key``'s row ``l``."""
+        return self.typed(self.field("l.key", name), self._type(t, name))
 
     def _recorded(self, t: MirrorTable, writer_id: str) -> str:
         return (
@@ -313,8 +326,9 @@ class ApplySql(ABC):
         only = f" FILTER (WHERE {where})" if where else ""
         return f"(array_agg({value} ORDER BY {ORDER} DESC){only})[1]"
 
-    def _last(self, mine: str, t: MirrorTable) -> str:
-        """Per key: the last op, each column's last value carried and whether one was."""
+    def last_per_key(self, mine: str, t: MirrorTable) -> str:
+        """Per key: the last op, each column's last value carried (``"<column>"``) and whether
+        one was (``"set:<column>"``)."""
         picks = [f"{self.last('op')} AS op"]
         for c in t.columns:
             carried = f"data IS NOT NULL AND NOT coalesce({self.has('unchanged', c.name)}, false)"

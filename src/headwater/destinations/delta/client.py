@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,9 +61,11 @@ from headwater.destinations.delta.datafiles import (
     writer_prefix,
 )
 from headwater.destinations.delta.dialect import DeltaDialect
-from headwater.destinations.delta.storage import Location
+from headwater.destinations.delta.errors import classified
+from headwater.destinations.delta.mirror import DeltaMirror, is_changes
+from headwater.destinations.delta.storage import BATCH, OWN, PRIMARY_KEY, WRITER, Location
 from headwater.destinations.types import ColumnType
-from headwater.errors import HeadwaterError, MissingDependencyError
+from headwater.errors import MissingDependencyError
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -72,9 +73,6 @@ if TYPE_CHECKING:
     from headwater.pipeline.config import DestinationConfig
 
 log = logging.getLogger(__name__)
-OWN = "_headwater"  # the destination's own objects beside the tables: ledger, staging
-PRIMARY_KEY = "headwater.primaryKey"
-WRITER, BATCH = "headwater.writer", "headwater.batch"
 _RETRIES = 8  # table creation and column patching racing other writers
 _DELTA_TYPES = {
     ColumnType.BOOL: "boolean",
@@ -83,35 +81,9 @@ _DELTA_TYPES = {
     ColumnType.TIMESTAMP: "timestamp",
     ColumnType.STRING: "string",
 }
-_TRANSIENT_TEXT = ("connection", "timed out", "timeout", "503", "slow down", "throttl", "reset")
 
 
-def classify(exc: BaseException) -> HeadwaterError:
-    """delta-rs and file-system errors as headwater's: a commit that lost every retry to other
-    writers, and the network or store being away, are transient; the rest terminal."""
-    from deltalake.exceptions import CommitFailedError
-
-    text = str(exc)
-    if isinstance(exc, CommitFailedError | ConnectionError | TimeoutError):
-        return DestinationUnavailable(f"delta: {text}")
-    if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError | PermissionError):
-        return DestinationUnavailable(f"delta: {text}")
-    if any(t in text.lower() for t in _TRANSIENT_TEXT):
-        return DestinationUnavailable(f"delta: {text}")
-    return DestinationError(f"delta: {text}")
-
-
-@contextmanager
-def _classified() -> Iterator[None]:
-    try:
-        yield
-    except HeadwaterError:
-        raise
-    except Exception as exc:
-        raise classify(exc) from exc
-
-
-class DeltaDestination(Destination):
+class DeltaDestination(DeltaMirror, Destination):
     kind = "delta"
 
     def __init__(
@@ -145,7 +117,7 @@ class DeltaDestination(Destination):
 
     def delta_table(self, name: str) -> DeltaTable:
         """The table, loaded (maintenance); a clear error when it does not exist."""
-        with _classified():
+        with classified():
             dt = self._load(name)
         if dt is None:
             raise DestinationError(f"delta: no table {name!r} at {self.location.uri(name)}")
@@ -153,12 +125,12 @@ class DeltaDestination(Destination):
 
     def tables(self) -> list[str]:
         """The tables below the root (folders with a Delta log)."""
-        with _classified():
+        with classified():
             names = [n for n in self.location.folders() if n != OWN]
             return [n for n in names if "_delta_log" in self.location.folders(n)]
 
     def table(self, name: str) -> TableSchema | None:
-        with _classified():
+        with classified():
             dt = self._load(name)
             if dt is None:
                 return None
@@ -183,55 +155,59 @@ class DeltaDestination(Destination):
         return None if expression is None else (expression, self.options.partition_column)
 
     def ensure_table(self, schema: TableSchema) -> TableSchema:
+        fields = [pa.field(c.name, ARROW_TYPES[c.type]) for c in schema.columns.values()]
+        upsert = bool(schema.primary_key)
+        return self._ensure_fields(schema.name, fields, schema.primary_key, upsert)
+
+    def _ensure_fields(
+        self, name: str, fields: list[pa.Field], key: tuple[str, ...], upsert: bool
+    ) -> TableSchema:
+        """Create table ``name`` with ``fields`` (keyed by ``key``, partitioned as the options
+        say for appends or upserts), or add the fields it lacks; racing writers retried."""
         from deltalake import DeltaTable, Field
         from deltalake.exceptions import CommitFailedError, DeltaError
 
-        partition = self.partitioning(bool(schema.primary_key))
-        with _classified():
+        partition = self.partitioning(upsert)
+        with classified():
             for _ in range(_RETRIES):
-                dt = self._load(schema.name)
+                dt = self._load(name)
                 try:
                     if dt is None:
-                        self._tables[schema.name] = DeltaTable.create(
-                            self.location.uri(schema.name),
-                            self._arrow_schema(schema, partition),
+                        self._tables[name] = DeltaTable.create(
+                            self.location.uri(name),
+                            self._arrow_schema(fields, partition),
                             mode="error",
                             partition_by=[partition[1]] if partition else None,
-                            configuration=(
-                                {PRIMARY_KEY: ",".join(schema.primary_key)}
-                                if schema.primary_key
-                                else None
-                            ),
+                            configuration={PRIMARY_KEY: ",".join(key)} if key else None,
                             storage_options=self.location.storage_options(),
                             raise_if_key_not_exists=False,  # headwater's own property
                         )
                         continue
-                    have = self._structure(schema.name, dt)
-                    partitions = dt.metadata().partition_columns
-                    missing = [c for c in schema.missing_from(have) if c.name not in partitions]
+                    have = set(dt.schema().to_arrow().names)
+                    missing = [f for f in fields if f.name not in have]
                     if not missing:
-                        return have
-                    fields = [Field(c.name, _DELTA_TYPES[c.type], nullable=True) for c in missing]
-                    dt.alter.add_columns(fields)
+                        return self._structure(name, dt)
+                    dt.alter.add_columns([Field.from_arrow(f) for f in missing])
                 except (CommitFailedError, DeltaError) as exc:
                     if not _raced(exc):
                         raise
-                    self._tables.pop(schema.name, None)  # another writer got there: look again
+                    self._tables.pop(name, None)  # another writer got there: look again
             raise DestinationUnavailable(
-                f"delta: table {schema.name!r} kept changing under {_RETRIES} attempts to patch it"
+                f"delta: table {name!r} kept changing under {_RETRIES} attempts to patch it"
             )
 
-    def _arrow_schema(self, schema: TableSchema, partition: tuple[str, str] | None) -> pa.Schema:
-        fields = [pa.field(c.name, ARROW_TYPES[c.type]) for c in schema.columns.values()]
-        if partition is not None and partition[1] not in schema.columns:
+    @staticmethod
+    def _arrow_schema(fields: list[pa.Field], partition: tuple[str, str] | None) -> pa.Schema:
+        names = {f.name for f in fields}
+        if partition is not None and partition[1] not in names:
             expression, column = partition
             empty = pa.schema(fields).empty_table()
-            fields.append(pa.field(column, partition_values(empty, expression, column).type))
+            fields = [*fields, pa.field(column, partition_values(empty, expression, column).type)]
         return pa.schema(fields)
 
     # -- the ledger -------------------------------------------------------------------------
     def committed(self, writer_id: str) -> int | None:
-        with _classified():
+        with classified():
             text = self.location.read_text(OWN, "batches", safe_name(writer_id))
         return int(text) if text else None
 
@@ -266,12 +242,12 @@ class DeltaDestination(Destination):
         schemas: Mapping[str, TableSchema] | None = None,
     ) -> list[StagedPart]:
         parts: list[StagedPart] = []
-        with _classified():
+        with classified():
             for name, rows in tables.items():
                 if not rows.num_rows:
                     continue
                 key = schemas[name].primary_key if schemas else self.primary_key
-                if key:
+                if key or is_changes(name):  # rows to merge, a mirror's changes
                     parts.extend(self._stage_upsert(writer_id, batch_id, task, name, rows))
                     continue
                 parts.extend(
@@ -311,7 +287,7 @@ class DeltaDestination(Destination):
         parts: Sequence[StagedPart],
         schemas: Mapping[str, TableSchema],
     ) -> bool:
-        with _classified():
+        with classified():
             done = self.committed(writer_id)
             if done is not None and batch_id <= done:
                 self._remove(parts)
@@ -431,7 +407,7 @@ class DeltaDestination(Destination):
         self.location.delete([p.ref for p in parts])
 
     def discard_staged(self, writer_id: str, batch_id: int, parts: Sequence[StagedPart]) -> None:
-        with _classified():
+        with classified():
             self._remove(parts)
 
     def clean_staging(self, writer_id: str) -> None:
@@ -440,7 +416,7 @@ class DeltaDestination(Destination):
         in the folders the batch wrote to. Any other time (a writer starting, a failed job):
         every file of this writer's batches after its last recorded one, and its upsert
         staging. What still escapes (a batch given up) is old and unlisted: ``vacuum``'s."""
-        with _classified():
+        with classified():
             self.location.remove_tree(OWN, "staging", safe_name(writer_id))
             last = self._last.pop(writer_id, None)
             if last is None:

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
 S3_SCHEMES = ("s3a", "s3", "s3n")
+OWN = "_headwater"  # the destination's own objects beside the tables: ledger, offsets, staging
+PRIMARY_KEY = "headwater.primaryKey"  # a table property: the key upserts merge on
+WRITER, BATCH = "headwater.writer", "headwater.batch"  # commit info of a batch's transaction
 _ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL")
 
 
