@@ -94,9 +94,15 @@ class CollectorProcess:
     file."""
 
     def __init__(
-        self, config_file: Path, stderr_path: Path, role: Sequence[str] = COLLECTOR_ROLE
+        self,
+        config_file: Path,
+        stderr_path: Path,
+        role: Sequence[str] = COLLECTOR_ROLE,
+        *,
+        group: bool = False,
     ) -> None:
         self.stderr_path = stderr_path
+        self.group = group  # a process group of its own: ``kill`` takes Spark's JVM too
         self._stderr: IO[bytes] = stderr_path.open("wb")
         env = {k: v for k, v in os.environ.items() if not k.startswith("HEADWATER_")}
         self.proc = subprocess.Popen(
@@ -112,6 +118,7 @@ class CollectorProcess:
             stderr=self._stderr,
             text=True,
             env={**env, "PYTHONUNBUFFERED": "1"},
+            start_new_session=group,
         )
         assert self.proc.stdout is not None
         self.out = OutputLines(self.proc.stdout, f"headwater {role[0]}", self.stderr)
@@ -146,8 +153,13 @@ class CollectorProcess:
         return self.stderr_path.read_text(errors="replace")
 
     def kill(self) -> None:
-        """SIGKILL (no-op once it exited)."""
-        if self.proc.poll() is None:
+        """SIGKILL, to the whole process group when it has one (no-op once it exited)."""
+        if self.proc.poll() is not None:
+            return
+        if self.group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        else:
             self.proc.send_signal(signal.SIGKILL)
 
     def stop(self) -> int:
