@@ -22,6 +22,7 @@ from headwater.destinations import Column, TableSchema, open_destination
 from headwater.destinations.base import ORDER_COLUMN, DestinationError, DestinationUnavailable
 from headwater.destinations.delta.client import DeltaDestination
 from headwater.destinations.delta.errors import classify
+from headwater.destinations.delta.maintenance import vacuum
 from headwater.destinations.types import ColumnType as T
 from headwater.pipeline.config import DestinationConfig
 from headwater.testing.warehouse import delta_leftovers, delta_query
@@ -191,21 +192,24 @@ def test_upserts_merge_on_the_key_the_last_row_of_the_batch_winning(tmp_path: Pa
     d.close()
 
 
-def test_a_dead_attempts_files_go_after_the_commit_and_a_crashed_runs_at_the_start(
+def test_a_crashed_runs_files_go_at_the_start_and_a_dead_attempts_with_vacuum(
     lake: DeltaDestination,
 ) -> None:
     schemas = {"events": lake.ensure_table(EVENTS)}
     dead = lake.stage("lake", 0, "p0a0", {"events": events([1, 2])})  # its executor died
     live = lake.stage("lake", 0, "p0a1", {"events": events([1, 2])})
     lake.commit_staged("lake", 0, live, schemas)
-    assert sorted(delta_leftovers(lake)) == sorted(p.ref for p in dead)
-    lake.clean_staging("lake")
-    assert delta_leftovers(lake) == []
+    lake.clean_staging("lake")  # after the commit: no listing of the table's folders
+    assert delta_leftovers(lake) == [p.ref for p in dead]  # never listed in the log: unseen
     lake.stage("lake", 1, "p0a0", {"events": events([3])})  # then the run crashed
     theirs = lake.stage("other", 0, "p0a0", {"events": events([4])})
     restarted = open_delta(Path(lake.location.root))
-    restarted.clean_staging("lake")
-    assert delta_leftovers(restarted) == [p.ref for p in theirs]  # another writer's: kept
+    restarted.clean_staging("lake")  # the writer starting: its batch 1 was never recorded
+    assert delta_leftovers(restarted) == sorted(p.ref for p in dead + theirs)
+    assert delta_query(restarted, "SELECT id FROM events ORDER BY id") == [(1,), (2,)]
+    gone = vacuum({"events": restarted.delta_table("events")}, 0, dry_run=False)
+    assert gone[0].files_removed == 2  # unlisted files older than the retention
+    assert delta_leftovers(restarted) == []
     assert delta_query(restarted, "SELECT id FROM events ORDER BY id") == [(1,), (2,)]
 
 

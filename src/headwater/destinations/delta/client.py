@@ -95,7 +95,7 @@ class DeltaDestination(DeltaMirror, Destination):
         self.dialect = DeltaDialect()
         self._tables: dict[str, DeltaTable] = {}
         self._commits: dict[str, int] = {}  # per table, for auto-compaction
-        self._last: dict[str, tuple[int, list[StagedPart]]] = {}  # writer -> last commit
+        self._just_committed: set[str] = set()  # writers whose last call was a commit
 
     # -- structure ------------------------------------------------------------------------
     def _load(self, name: str) -> DeltaTable | None:
@@ -302,12 +302,10 @@ class DeltaDestination(DeltaMirror, Destination):
                     f"delta: {len(missing)} staged file(s) are gone, e.g. {missing[0]}: the "
                     "batch must be staged again"
                 )
-            written = []  # a table whose log held the batch already keeps its files as they are
             for name, table_parts in by_table(parts).items():
-                if self._commit_table(writer_id, batch_id, name, table_parts):
-                    written += table_parts
+                self._commit_table(writer_id, batch_id, name, table_parts)
             self._record(writer_id, batch_id)
-            self._last[writer_id] = (batch_id, written)
+            self._just_committed.add(writer_id)
         return True
 
     def _commit_table(
@@ -411,26 +409,17 @@ class DeltaDestination(DeltaMirror, Destination):
             self._remove(parts)
 
     def clean_staging(self, writer_id: str) -> None:
-        """Right after a commit: the files of that batch the commit did not list (task attempts
-        that died, an attempt that failed before the batch was run again), looked up by name
-        in the folders the batch wrote to. Any other time (a writer starting, a failed job):
-        every file of this writer's batches after its last recorded one, and its upsert
-        staging. What still escapes (a batch given up) is old and unlisted: ``vacuum``'s."""
+        """Right after a commit: the writer's upsert staging only. Any other time (a writer
+        starting, a failed job): also every data file of this writer's batches after its last
+        recorded one that no table's log holds. The files of a task attempt that died in a
+        batch that then committed are left to ``vacuum`` (they are listed nowhere, so never
+        read): finding them would mean listing the partition's folder after every batch."""
         with classified():
             self.location.remove_tree(OWN, "staging", safe_name(writer_id))
-            last = self._last.pop(writer_id, None)
-            if last is None:
-                self._sweep(writer_id)
+            if writer_id in self._just_committed:
+                self._just_committed.discard(writer_id)
                 return
-            batch_id, parts = last
-            kept = {p.ref for p in parts}
-            folders = {p.ref.rsplit("/", 1)[0] for p in parts if not p.meta.get("upsert")}
-            prefix = batch_prefix(writer_id, batch_id)
-            stray = []
-            for folder in folders:
-                rel = folder[len(self.location.root) + 1 :]
-                stray += [f for f in self.location.files(rel, prefix=prefix) if f not in kept]
-            self.location.delete(stray)
+            self._sweep(writer_id)
 
     def _sweep(self, writer_id: str) -> None:
         """Remove this writer's files of batches after its ledger's, but those a table's log

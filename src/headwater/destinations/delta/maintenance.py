@@ -75,8 +75,11 @@ def vacuum(
     committed that are as old); ``dry_run``: only count them."""
     out = []
     for name, dt in tables.items():
-        gone = dt.vacuum(
-            retention_hours=retention_hours, dry_run=dry_run, enforce_retention_duration=False
+        gone = dt.vacuum(  # full: also the files no version ever listed
+            retention_hours=retention_hours,
+            dry_run=dry_run,
+            enforce_retention_duration=False,
+            full=True,
         )
         dt.update_incremental()
         out.append(Maintained(name, "vacuum", files_removed=len(gone), version=dt.version()))
