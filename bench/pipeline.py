@@ -1,4 +1,5 @@
-"""Benchmark of the pipeline: clickstream events on the embedded log into DuckDB and PostgreSQL.
+"""Benchmark of the pipeline: clickstream events on the embedded log into DuckDB, PostgreSQL and
+Delta Lake.
 
 Run from the repository root::
 
@@ -8,6 +9,10 @@ Run from the repository root::
     .venv/bin/python bench/pipeline.py --format json
     .venv/bin/python bench/pipeline.py --bus kafka              # the batch case from Kafka too
     .venv/bin/python bench/pipeline.py --bus kafka --events 20000   # quick
+    .venv/bin/python bench/pipeline.py --events 20000 --warmup-events 10000 --skip-postgres \
+        --skip-small-batches --skip-shaped --skip-fixed --skip-stream   # quick, Delta included
+    .venv/bin/python bench/pipeline.py --skip-batch --skip-fixed --stream-seconds 30   # streams
+    .venv/bin/python bench/pipeline.py --skip-batch --skip-fixed --skip-duckdb-stream  # Delta's
 
 What it measures, in one run, on the same ``--events`` clickstream events (nested, 20-40
 fields, some type drift) appended once to an embedded log (topic ``events-track``, 2
@@ -33,6 +38,22 @@ partitions, the collector's context headers), Spark ``local[2]`` (issue 8):
    sustained (events not all visible within ``--drain-s`` after the window, or the appender
    falling behind), up to ``--max-rate`` and within ``--ladder-budget-s``: the highest steady
    rate with p95 under the limit.
+5. **Delta Lake** (unless ``--skip-delta``), on the same events:
+
+   a. headwater's ``type: delta`` destination (tables under ``<scratch>/batch/lake``, written
+      by delta-rs) in batch mode as in 1, warmed up with the others. Figures: events/s, peak
+      RSS, rows, distinct event ids and table versions, read back through delta-rs
+      (``QueryBuilder``). Targets: >= 0.8x the DuckDB destination's
+      events/s in the same run, >= 1.0x reference 2, peak RSS <= 2.2 GB, exactly once.
+   b. **Reference 2: naive PySpark into Delta**, in its own process like reference 1 (a child
+      of this script, ``naive_delta_main``): ``spark.read.json``, structs flattened as there,
+      ``df.write.format("delta").mode("append").save(path)`` with Delta Lake for Spark on the
+      session (``headwater.jvm.maven.DELTA_SPARK``, fetched with mvn the first time), timed
+      after a warm-up on the sample, with its own peak RSS; its rows and distinct
+      ``messageId``s read back through delta-rs.
+   c. Stream mode into Delta at ``--rate`` (``--stream-warmup-s`` then ``--stream-seconds``,
+      no ladder): append time -> the row in a committed table version, found by a poller that
+      reads the files each new version adds. Target: p95 <= 5 s, every event seen.
 
 Each target of issue 8 is printed next to its figure, met or missed, with the command run.
 
@@ -58,7 +79,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
@@ -88,6 +109,12 @@ if TYPE_CHECKING:
 TOPIC = "events-track"
 WARMUP_TOPIC = "events-warmup"  # --bus kafka: the warm-up's topic on the broker the runs share
 KAFKA_TARGET = 0.8  # --bus kafka: events/s from Kafka within 20% of the embedded log's
+DELTA_TARGET = 0.8  # batch -> Delta: events/s against the DuckDB destination's in the same run
+DELTA_NAIVE_TARGET = 1.0  # batch -> Delta: events/s against reference 2 (naive Spark -> Delta)
+DELTA_RSS_GB = 2.2
+DELTA_P95_S = 5.0  # stream -> Delta at --rate: receive -> committed version
+TABLE = "events"  # the table every destination here writes (the default table_name_template)
+NAIVE_ID = "messageId"  # reference 2's event id: the payload's own, as it flattens it
 REPO = Path(__file__).resolve().parent.parent
 ID_COLUMN = "eventn_ctx_event_id"  # the collector's event id header, as the pipeline lands it
 # new rows since the last poll (rows are only appended, so rowids grow; a rowid filter is cheap)
@@ -263,6 +290,24 @@ def landed_duckdb(path: Path) -> dict[str, int]:
     return {"rows": rows, "distinct_ids": ids, "columns": columns}
 
 
+def landed_delta(table: Path, id_column: str = ID_COLUMN) -> dict[str, int]:
+    """Rows, distinct ids, columns and versions of the Delta table at ``table``, read by
+    delta-rs's own engine (``QueryBuilder``: the Arrow routes of deltalake 1.6.6 can abort the
+    interpreter at its exit)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
+    dt = DeltaTable(str(table))
+    sql = f'SELECT count(*) AS n, count(DISTINCT "{id_column}") AS ids FROM t'
+    (row,) = pa.table(QueryBuilder().register("t", dt).execute(sql).read_all()).to_pylist()
+    return {
+        "rows": int(row["n"]),
+        "distinct_ids": int(row["ids"]),
+        "columns": len(dt.schema().fields),
+        "versions": dt.version() + 1,  # version 0 (the table's creation) counts
+    }
+
+
 def landed_postgres(dsn: str) -> dict[str, int]:
     import psycopg
 
@@ -281,15 +326,16 @@ def warm_up(
     destinations: list[dict[str, Any]],
     bus: dict[str, Any] | None = None,
     topic: str = TOPIC,
+    n: int = WARMUP_EVENTS,
 ) -> None:
-    """A small run of every destination measured, so the timed runs find Spark's code compiled
-    and its JVM warm (a cold start is the fixed-cost case's business)."""
+    """A small run (``n`` events) of every destination measured, so the timed runs find Spark's
+    code compiled and its JVM warm (a cold start is the fixed-cost case's business)."""
     from headwater.pipeline.runner import Pipeline
 
     config = HeadwaterConfig.model_validate(config_for(directory, "batch", destinations, bus=bus))
     names = ", ".join(d["id"] for d in destinations)
-    progress(f"warm-up: {WARMUP_EVENTS:,} events into {names}{from_label(bus)}")
-    fill_log([config], WARMUP_EVENTS, topic=topic)
+    progress(f"warm-up: {n:,} events into {names}{from_label(bus)}")
+    fill_log([config], n, topic=topic)
     pipeline = Pipeline(config, spark)
     pipeline.run_once()
     for q in pipeline.queries:
@@ -323,6 +369,8 @@ def run_batch(
     writer.close()
     if destination["type"] == "duckdb":
         result = landed_duckdb(Path(destination["path"]))
+    elif destination["type"] == "delta":
+        result = landed_delta(Path(destination["path"]) / TABLE)
     else:
         result = landed_postgres(destination["dsn"])
     return {
@@ -340,13 +388,19 @@ def run_batch(
     }
 
 
-def run_naive(directory: Path, ndjson: Path) -> dict[str, Any] | None:
-    """Reference 1 in its own process (bench/naive_pyspark.py)."""
+def sample_of(ndjson: Path, directory: Path, n: int) -> Path:
+    """The first ``n`` lines of ``ndjson`` in ``directory``: a reference's warm-up input."""
     directory.mkdir(parents=True, exist_ok=True)
     sample = directory / "sample.ndjson"
     with ndjson.open("rb") as src, sample.open("wb") as dst:
-        for _, line in zip(range(WARMUP_EVENTS), src, strict=False):
+        for _, line in zip(range(n), src, strict=False):
             dst.write(line)
+    return sample
+
+
+def run_naive(directory: Path, ndjson: Path, warmup_events: int) -> dict[str, Any] | None:
+    """Reference 1 in its own process (bench/naive_pyspark.py)."""
+    sample = sample_of(ndjson, directory, warmup_events)
     progress("reference 1: naive PySpark in its own process")
     command = [sys.executable, str(REPO / "bench" / "naive_pyspark.py"), "--input", str(ndjson)]
     command += ["--warmup", str(sample), "--database", str(directory / "naive.duckdb")]
@@ -355,6 +409,100 @@ def run_naive(directory: Path, ndjson: Path) -> dict[str, Any] | None:
         progress(f"naive PySpark failed (exit {done.returncode})")
         return None
     return json.loads(done.stdout.decode().strip().splitlines()[-1])
+
+
+# -- reference 2: naive PySpark into Delta, in a child process of its own -------------------------
+NAIVE_DELTA_CHILD = (
+    "import sys; sys.path.insert(0, sys.argv[1]); import pipeline; "
+    "pipeline.naive_delta_main(*sys.argv[2:])"
+)
+DELTA_SESSION = {  # what Delta Lake's documentation has a Spark session set
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def run_naive_delta(directory: Path, ndjson: Path, n: int, warmup_events: int) -> dict[str, Any]:
+    """Reference 2: ``naive_delta_main`` in its own process on the ``n`` events of ``ndjson``;
+    its timing and peak RSS, and what landed, read back with delta-rs. ``{"failed": why}``
+    when it could not run."""
+    from headwater.jvm.maven import DELTA_SPARK, ArtifactError, fetch
+
+    try:
+        fetch(DELTA_SPARK, quiet=False)  # here: a first fetch is not the reference's time
+    except ArtifactError as e:
+        progress(f"naive PySpark into Delta: no Delta Lake for Spark: {e}")
+        return {"failed": f"no {DELTA_SPARK.coordinates} ({e.code})"}
+    sample = sample_of(ndjson, directory, warmup_events)
+    table = directory / TABLE
+    progress("reference 2: naive PySpark into Delta Lake, in its own process")
+    here = str(Path(__file__).resolve().parent)
+    command = [sys.executable, "-c", NAIVE_DELTA_CHILD, here, str(ndjson), str(sample), str(table)]
+    done = subprocess.run(command, stdout=subprocess.PIPE, env=spark_env(), check=False)
+    if done.returncode != 0:
+        progress(f"naive PySpark into Delta failed (exit {done.returncode})")
+        return {"failed": f"exit {done.returncode}"}
+    timing = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    landed = landed_delta(table, NAIVE_ID)
+    return {
+        "destination": "naive delta",
+        "events": n,
+        **timing,
+        "events_per_s": n / timing["seconds"],
+        **landed,
+        "exactly_once": landed["rows"] == n and landed["distinct_ids"] == n,
+    }
+
+
+def naive_delta_load(spark: Any, source: Path, table: Path) -> None:
+    """What a data engineer writes first: read with inference, flatten the structs as
+    reference 1 does, append to a Delta table."""
+    from pyspark.sql import functions as F
+
+    from naive_pyspark import flat_columns
+
+    frame = spark.read.json(str(source))
+    columns = [
+        F.col("`" + "`.`".join(path) + "`").alias(name) for path, name in flat_columns(frame.schema)
+    ]
+    frame.select(*columns).write.format("delta").mode("append").save(str(table))
+
+
+def naive_delta_main(source: str, sample: str, table: str) -> None:
+    """Reference 2's process: Spark ``local[2]`` with Delta Lake for Spark on ``spark.jars``,
+    a warm-up on ``sample`` (into a table of its own), then ``source`` into ``table`` timed;
+    prints one JSON object (seconds, peak RSS and PSS of its process tree)."""
+    from pyspark.sql import SparkSession
+
+    from headwater.jvm.maven import DELTA_SPARK, fetch
+
+    progress("naive PySpark into Delta: starting Spark (local[2])")
+    builder = SparkSession.builder.master("local[2]").appName("naive-delta")
+    settings = {
+        "spark.jars": ",".join(str(j) for j in fetch(DELTA_SPARK)),
+        **DELTA_SESSION,
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+    }
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    target = Path(table)
+    try:
+        progress("naive PySpark into Delta: warm-up on the sample")
+        naive_delta_load(spark, Path(sample), target.parent / "warmup")
+        progress("naive PySpark into Delta: the timed run")
+        with TreeRss() as rss:
+            t0 = time.perf_counter()
+            naive_delta_load(spark, Path(source), target)
+            seconds = time.perf_counter() - t0
+    finally:
+        spark.stop()
+    peaks = {"peak_rss_bytes": rss.peak, "peak_pss_bytes": rss.peak_pss}
+    print(json.dumps({"seconds": seconds, **peaks}))
 
 
 def spark_env() -> dict[str, str]:
@@ -390,8 +538,65 @@ def run_fixed(directory: Path, n: int) -> dict[str, Any]:
 
 
 # -- stream mode ----------------------------------------------------------------------------------
+class DuckDBRows:
+    """The event ids of rows new in a DuckDB table since the last look."""
+
+    def __init__(self, warehouse: Path) -> None:
+        self._warehouse = warehouse
+        self._last = -1  # the highest rowid seen
+
+    def new_ids(self) -> list[str]:
+        import duckdb
+
+        try:
+            with duckdb.connect(str(self._warehouse), read_only=False) as con:
+                got = con.execute(POLL_SQL, [self._last]).fetchall()
+        except duckdb.Error:
+            return []
+        for rowid, _ in got:
+            self._last = max(self._last, rowid)
+        return [eid for _, eid in got]
+
+
+class DeltaRows:
+    """The event ids of rows in Delta table versions committed since the last look: the ids
+    in the data files the table's current version lists and the last one did not."""
+
+    def __init__(self, table: Path) -> None:
+        self._table_path = table
+        self._table: Any = None  # a deltalake.DeltaTable once the table exists
+        self._version = -1
+        self._files: set[str] = set()
+
+    def new_ids(self) -> list[str]:
+        import pyarrow.parquet as pq
+        from deltalake import DeltaTable
+        from deltalake.exceptions import DeltaError
+
+        try:
+            if self._table is None:
+                self._table = DeltaTable(str(self._table_path))
+            else:
+                self._table.update_incremental()
+            version = self._table.version()
+            if version == self._version:
+                return []
+            files = set(self._table.file_uris()) - self._files
+            ids = [
+                eid
+                for f in sorted(files)
+                for eid in pq.read_table(f, columns=[ID_COLUMN]).column(ID_COLUMN).to_pylist()
+            ]
+        except (DeltaError, OSError):  # not created yet, or a file already compacted away
+            return []
+        self._version = version
+        self._files |= files
+        return ids
+
+
 class StreamLoad:
-    """Appends events to the log at a steady rate and watches their rows appear in DuckDB.
+    """Appends events to the log at a steady rate and watches their rows appear, through
+    ``rows`` (``DuckDBRows`` or ``DeltaRows``).
 
     Payloads come from a pool made once (events vary, and making them is not what is measured:
     at 40k/s, building fresh events would be the bottleneck); each record gets its own event id
@@ -399,12 +604,12 @@ class StreamLoad:
 
     POOL = 5_000
 
-    def __init__(self, bus: Any, warehouse: Path) -> None:
+    def __init__(self, bus: Any, rows: DuckDBRows | DeltaRows) -> None:
         rng = random.Random(11)
         self._pool = [make_event(rng, i) for i in range(self.POOL)]
         self._pool_bytes = [json.dumps(e).encode() for e in self._pool]
         self._bus = bus
-        self._warehouse = warehouse
+        self._rows = rows
         self.seen: dict[str, float] = {}
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll, daemon=True)
@@ -418,19 +623,11 @@ class StreamLoad:
         self._poller.join()
 
     def _poll(self) -> None:
-        import duckdb
-
-        last = -1
         while not self._stop.is_set():
-            try:
-                with duckdb.connect(str(self._warehouse), read_only=False) as con:
-                    got = con.execute(POLL_SQL, [last]).fetchall()
-            except duckdb.Error:
-                got = []
+            got = self._rows.new_ids()
             now = time.time()
-            for rowid, eid in got:
+            for eid in got:
                 self.seen.setdefault(eid, now)
-                last = max(last, rowid)
             self._stop.wait(0.1)
 
     def step(self, rate: float, warmup_s: float, seconds: float, drain_s: float) -> dict[str, Any]:
@@ -483,44 +680,58 @@ def sustained(step: dict[str, Any], p95_limit_s: float) -> bool:
     )
 
 
-def run_stream(spark: Any, directory: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_stream(
+    spark: Any, directory: Path, args: argparse.Namespace, delta: bool = False
+) -> dict[str, Any]:
+    """Stream mode into DuckDB at ``args.rate``, then the ladder of doubling rates; with
+    ``delta``, into a Delta destination at ``args.rate`` only."""
     from headwater.pipeline.runner import Pipeline
 
-    config = HeadwaterConfig.model_validate(
-        config_for(directory, "stream", trigger_s=args.trigger_s)
-    )
+    lake = directory / "lake"
+    if delta:
+        dests = [{"id": "lake", "type": "delta", "path": str(lake)}]
+        document = config_for(directory, "stream", dests, trigger_s=args.trigger_s)
+    else:
+        document = config_for(directory, "stream", trigger_s=args.trigger_s)
+    config = HeadwaterConfig.model_validate(document)
+    rows = DeltaRows(lake / TABLE) if delta else DuckDBRows(config.warehouse_path())
     with open_bus(config) as bus:
         bus.create_topic(TOPIC, 2)
     pipeline = Pipeline(config, spark)
     progress(
-        f"stream mode: {args.rate:,.0f} events/s for {args.stream_warmup_s:g} s of warm-up, then "
-        f"{args.stream_seconds:g} s measured, trigger {args.trigger_s:g} s"
+        f"stream mode{' into Delta' if delta else ''}: {args.rate:,.0f} events/s for "
+        f"{args.stream_warmup_s:g} s of warm-up, then {args.stream_seconds:g} s measured, "
+        f"trigger {args.trigger_s:g} s"
     )
-    steps: list[dict[str, Any]] = []
-    with open_bus(config) as bus, StreamLoad(bus, config.warehouse_path()) as load:
+    with open_bus(config) as bus, StreamLoad(bus, rows) as load:
         pipeline.start()
         try:
             steady = load.step(args.rate, args.stream_warmup_s, args.stream_seconds, args.drain_s)
-            steps.append(steady)
-            rate, started = args.rate, time.monotonic()
-            step_cost = args.ladder_warmup_s + args.ladder_seconds + args.drain_s
-            while (
-                sustained(steps[-1], args.p95_limit_s)
-                and rate * 2 <= args.max_rate
-                and time.monotonic() - started + step_cost <= args.ladder_budget_s
-            ):
-                rate *= 2
-                progress(f"stream ladder: {rate:,.0f} events/s")
-                steps.append(
-                    load.step(rate, args.ladder_warmup_s, args.ladder_seconds, args.drain_s)
-                )
+            if delta:
+                versions = landed_delta(lake / TABLE)["versions"]
+                return {**steady, "destination": "delta", "versions": versions}
+            return {**steady, **climb(load, steady, args)}
         finally:
             pipeline.stop()
+
+
+def climb(load: StreamLoad, steady: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The ladder after the ``steady`` step: the rate doubles while each step is sustained."""
+    steps = [steady]
+    rate, started = args.rate, time.monotonic()
+    step_cost = args.ladder_warmup_s + args.ladder_seconds + args.drain_s
+    while (
+        sustained(steps[-1], args.p95_limit_s)
+        and rate * 2 <= args.max_rate
+        and time.monotonic() - started + step_cost <= args.ladder_budget_s
+    ):
+        rate *= 2
+        progress(f"stream ladder: {rate:,.0f} events/s")
+        steps.append(load.step(rate, args.ladder_warmup_s, args.ladder_seconds, args.drain_s))
     passing = [s["rate"] for s in steps if sustained(s, args.p95_limit_s)]
     highest = max(passing) if passing else None  # the ladder stops at its first failing step
     last_failed = not sustained(steps[-1], args.p95_limit_s)
     return {
-        **steady,
         "ladder": steps,
         "p95_limit_s": args.p95_limit_s,
         "highest_rate": highest,
@@ -543,6 +754,12 @@ def scratch_database(dsn: str) -> str:
 NUMBERS: tuple[tuple[str, type, float, str | None], ...] = (  # flag, type, default, help
     ("--events", int, 1_000_000, None),
     ("--fixed-events", int, 1_000, None),
+    (
+        "--warmup-events",
+        int,
+        WARMUP_EVENTS,
+        "events of the batch warm-up run and of the naive references' warm-up sample",
+    ),
     ("--rate", float, 5000.0, None),
     ("--stream-seconds", float, 30.0, None),
     ("--trigger-s", float, 1.0, None),
@@ -568,6 +785,8 @@ SKIPS: tuple[tuple[str, str | None], ...] = (
     ("--skip-shaped", "no DuckDB run with functions, contracts and enrichments"),
     ("--skip-fixed", None),
     ("--skip-stream", None),
+    ("--skip-delta", "no Delta Lake case: batch, naive PySpark into Delta, stream"),
+    ("--skip-duckdb-stream", "stream mode into Delta only (no DuckDB stream, no ladder)"),
 )
 
 
@@ -589,7 +808,7 @@ def main() -> None:
         if args.skip_batch:
             parser.error("--bus kafka measures the batch mode: drop --skip-batch")
         args.skip_postgres = args.skip_naive = args.skip_small_batches = args.skip_shaped = True
-        args.skip_fixed = args.skip_stream = True
+        args.skip_fixed = args.skip_stream = args.skip_delta = True
 
     from headwater.pipeline.config import SparkConfig
     from headwater.pipeline.spark import spark_session
@@ -614,6 +833,9 @@ def main() -> None:
             )
             if not args.skip_batch:
                 duck = {"id": "duck", "type": "duckdb", "path": str(root / "batch" / "duck.duckdb")}
+                lake = None
+                if not args.skip_delta:
+                    lake = {"id": "lake", "type": "delta", "path": str(root / "batch" / "lake")}
                 dests = [duck]
                 if pg is not None:
                     dests.append({"id": "pg", "type": "postgres", "dsn": pg.dsn})
@@ -625,9 +847,11 @@ def main() -> None:
                 warm = [{**duck, "path": str(root / "warmup" / "duck.duckdb")}]
                 if shaped is not None:
                     warm.append({**shaped, "path": str(root / "warmup" / "shaped.duckdb")})
+                if lake is not None:
+                    warm.append({**lake, "path": str(root / "warmup" / "lake")})
                 if pg is not None:  # its own database: the measured run's table starts empty
                     warm.append({"id": "pg", "type": "postgres", "dsn": scratch_database(pg.dsn)})
-                warm_up(spark, root / "warmup", warm)
+                warm_up(spark, root / "warmup", warm, n=args.warmup_events)
                 fill = [HeadwaterConfig.model_validate(config_for(root / "batch", "batch"))]
                 ndjson: Path | None = root / "events.ndjson"
                 broker: list[int] = []  # a child of this process, not part of the pipeline
@@ -636,7 +860,14 @@ def main() -> None:
                     broker.append(kafka.process.pid)
                     from_kafka = kafka_destination(duck, root / "kafka", TOPIC)
                     warm_kafka = kafka_destination(duck, root / "warmup-kafka", WARMUP_TOPIC)
-                    warm_up(spark, root / "warmup-kafka", [warm_kafka], bus, WARMUP_TOPIC)
+                    warm_up(
+                        spark,
+                        root / "warmup-kafka",
+                        [warm_kafka],
+                        bus,
+                        WARMUP_TOPIC,
+                        n=args.warmup_events,
+                    )
                     kafka_config = config_for(root / "kafka", "batch", [from_kafka], bus=bus)
                     fill.append(HeadwaterConfig.model_validate(kafka_config))
                     ndjson = None  # no references to feed
@@ -646,6 +877,8 @@ def main() -> None:
                 )
                 fill_log_elsewhere(fill, args.events, ndjson)
                 out["batch"] = run_batch(spark, root / "batch", args.events, duck, exclude=broker)
+                if lake is not None:  # the same events into Delta, right after (same conditions)
+                    out["delta"] = run_batch(spark, root / "batch", args.events, lake)
                 if kafka is not None:  # the same events, the same query, read from Kafka
                     out["kafka"] = run_batch(
                         spark, root / "kafka", args.events, from_kafka, bus=bus, exclude=broker
@@ -664,11 +897,18 @@ def main() -> None:
                 if pg is not None:
                     out["postgres"] = run_batch(spark, root / "batch", args.events, dests[1])
                 if not args.skip_naive and ndjson is not None:
-                    out["naive"] = run_naive(root / "naive", ndjson)
+                    out["naive"] = run_naive(root / "naive", ndjson, args.warmup_events)
+                    if not args.skip_delta:
+                        out["naive_delta"] = run_naive_delta(
+                            root / "naive-delta", ndjson, args.events, args.warmup_events
+                        )
         if not args.skip_fixed:
             out["fixed"] = run_fixed(root / "fixed", args.fixed_events)
         if not args.skip_stream:
-            out["stream"] = run_stream(spark, root / "stream", args)
+            if not args.skip_duckdb_stream:
+                out["stream"] = run_stream(spark, root / "stream", args)
+            if not args.skip_delta:
+                out["stream_delta"] = run_stream(spark, root / "stream-delta", args, delta=True)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -729,6 +969,7 @@ def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
             f"{sh['rows']:,} rows, {sh['distinct_ids']:,} ids",
             sh["exactly_once"],
         )
+    add_delta_targets(out, add)
     if p:
         add(
             "batch -> PostgreSQL >= 40,000 events/s",
@@ -772,6 +1013,52 @@ def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def add_delta_targets(out: dict[str, Any], add: Callable[[str, str, bool], None]) -> None:
+    """The Delta destination's targets (batch against DuckDB in the same run and against
+    reference 2, memory, exactly once; stream p95)."""
+    b, d, nd = out.get("batch"), out.get("delta"), out.get("naive_delta")
+    if d:
+        if b:
+            ratio = d["events_per_s"] / b["events_per_s"]
+            add(
+                f"batch -> Delta >= {DELTA_TARGET:g}x the DuckDB destination (same run)",
+                f"{ratio:.2f}x ({fmt_number(d['events_per_s'])} vs "
+                f"{fmt_number(b['events_per_s'])} events/s)",
+                ratio >= DELTA_TARGET,
+            )
+        if nd and "events_per_s" in nd:
+            ratio = d["events_per_s"] / nd["events_per_s"]
+            add(
+                f"batch -> Delta >= {DELTA_NAIVE_TARGET:g}x the naive PySpark Delta write",
+                f"{ratio:.2f}x ({fmt_number(d['events_per_s'])} vs "
+                f"{fmt_number(nd['events_per_s'])} events/s)",
+                ratio >= DELTA_NAIVE_TARGET,
+            )
+        elif nd:
+            add(
+                f"batch -> Delta >= {DELTA_NAIVE_TARGET:g}x the naive PySpark Delta write",
+                f"reference 2 did not run: {nd['failed']}",
+                False,
+            )
+        add(
+            f"peak RSS of the process tree <= {DELTA_RSS_GB:g} GB (delta, {d['events']:,} events)",
+            f"{d['peak_rss_bytes'] / GB:.2f} GB",
+            d["peak_rss_bytes"] <= DELTA_RSS_GB * GB,
+        )
+        add(
+            "every event landed exactly once (delta)",
+            f"{d['rows']:,} rows, {d['distinct_ids']:,} ids, {d['versions']} versions",
+            d["exactly_once"],
+        )
+    s = out.get("stream_delta")
+    if s:
+        add(
+            f"stream -> Delta at {s['rate']:,.0f} events/s: p95 <= {DELTA_P95_S:g} s",
+            "-" if s["p95_s"] is None else f"{s['p95_s']:.2f} s ({s['seen']:,}/{s['sent']:,} seen)",
+            s["p95_s"] is not None and s["p95_s"] <= DELTA_P95_S and s["seen"] == s["sent"],
+        )
+
+
 def report(out: dict[str, Any]) -> None:
     print(f"command: {out['command']}")
     print(f"machine: {out['machine']}")
@@ -782,14 +1069,18 @@ def report(out: dict[str, Any]) -> None:
         ("small_batches", "headwater batch -> DuckDB, 1/4-size batches"),
         ("postgres", "headwater batch -> PostgreSQL"),
         ("naive", "naive PySpark -> DuckDB (own process)"),
+        ("delta", "headwater batch -> Delta (delta-rs)"),
+        ("naive_delta", "naive PySpark -> Delta (own process, delta-spark)"),
     ):
         c = out.get(key)
-        if not c:
+        if not c or "events_per_s" not in c:
             continue
         peaks = [c.get(f"peak_{kind}_bytes") for kind in ("rss", "pss")]
         landed = ""
         if "rows" in c:
             landed = f"{c['rows']:,} rows, {c['columns']} columns"
+        if "versions" in c:
+            landed += f", {c['versions']} version" + ("s" if c["versions"] != 1 else "")
         if "exactly_once" in c:
             landed += ", exactly once" if c["exactly_once"] else ", NOT exactly once"
         mib = [None if peak is None else peak / 2**20 for peak in peaks]
@@ -800,6 +1091,13 @@ def report(out: dict[str, Any]) -> None:
     b, k = out.get("batch"), out.get("kafka")
     if b and out.get("naive"):
         print(f"headwater DuckDB / naive: {b['events_per_s'] / out['naive']['events_per_s']:.2f}x")
+    d, nd = out.get("delta"), out.get("naive_delta")
+    if d and b:
+        print(f"headwater Delta / headwater DuckDB: {d['events_per_s'] / b['events_per_s']:.2f}x")
+    if d and nd and "events_per_s" in nd:
+        print(f"headwater Delta / naive Delta: {d['events_per_s'] / nd['events_per_s']:.2f}x")
+    if nd and "failed" in nd:
+        print(f"naive PySpark -> Delta did not run: {nd['failed']}")
     if b and k:
         print(
             "headwater DuckDB from Kafka / from the embedded log: "
@@ -814,7 +1112,8 @@ def report(out: dict[str, Any]) -> None:
             "not in the peak RSS above; its peak RSS (VmHWM, warm-up, fill and both runs): "
             + ("-" if peak is None else f"{peak / 2**20:,.0f} MiB")
         )
-    cases = [c for c in (out.get(key) for key in ("batch", "shaped", "kafka", "postgres")) if c]
+    keys = ("batch", "shaped", "kafka", "postgres", "delta")
+    cases = [c for c in (out.get(key) for key in keys) if c]
     for c in cases:
         if c.get("phases_s"):
             print(
@@ -855,6 +1154,17 @@ def report(out: dict[str, Any]) -> None:
             f"highest steady rate with p95 < {s['p95_limit_s']:g} s: "
             + ("none of the rates tried" if highest is None else f"{highest:,.0f} events/s")
             + bound
+        )
+    sd = out.get("stream_delta")
+    if sd:
+        print(
+            f"stream mode into Delta at {sd['rate']:,.0f} events/s ({sd['warmup_s']:g}+"
+            f"{sd['seconds']:g} s), receive -> committed version read: "
+            + ", ".join(
+                f"{q} " + ("-" if sd[f"{q}_s"] is None else f"{sd[f'{q}_s']:.2f} s")
+                for q in ("p50", "p95", "p99")
+            )
+            + f"; {sd['seen']:,}/{sd['sent']:,} seen, {sd['versions']} table versions"
         )
     print("targets (issue 8" + (", and the Kafka bus's" if k else "") + "):")
     for t in out["targets"]:

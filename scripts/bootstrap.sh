@@ -161,8 +161,8 @@ ensure_jvm_archive() {
 # Apache Kafka and Spark's Kafka connector, with their dependencies (headwater.jvm.maven): fetched
 # once (about a minute), then this is a check of two stamp files.
 ensure_jvm_artifacts() {
-    "$VENV/bin/python" -m headwater.jvm.maven broker connector --quiet ||
-        die "could not fetch Apache Kafka or Spark's Kafka connector from Maven Central (see above)"
+    "$VENV/bin/python" -m headwater.jvm.maven broker connector delta --quiet ||
+        die "could not fetch Apache Kafka, Spark's Kafka connector or Delta Lake for Spark from Maven Central (see above)"
 }
 
 # @grpc/grpc-js for tests/collector/test_grpc_clients.py, outside the checkout (as the JVM

@@ -66,3 +66,14 @@ def test_the_pom_names_the_artifact_and_what_comes_with_it() -> None:
 )
 def test_unversioned(name: str, artifact: str) -> None:
     assert unversioned(Path(name)) == artifact
+
+
+def test_a_jar_for_sparks_class_path_comes_without_what_pyspark_ships() -> None:
+    """delta-spark's kernel brings older Hadoop and Scala jars: excluded by artifact name, as
+    PySpark's own copies are found first (or clash)."""
+    shipped = {unversioned(j) for j in maven.pyspark_jars()}
+    assert {"hadoop-client-api", "scala-library"} <= shipped
+    pom = maven._pom(Artifact("x", "org.a", "b", "1", beside_pyspark=True))
+    for name in ("hadoop-client-api", "scala-library"):
+        assert f"<groupId>*</groupId><artifactId>{name}</artifactId>" in pom
+    assert "<exclusion>" not in maven._pom(Artifact("x", "org.a", "b", "1"))

@@ -1,17 +1,24 @@
 """JVM artifacts from Maven Central, fetched once with ``mvn`` into a cache outside the repo.
 
-headwater needs two sets of jars that PySpark does not ship: Apache Kafka's broker (tests and
-benchmarks start it in KRaft mode) and Spark's Kafka connector (``headwater pipeline`` with
-``bus: kafka``). Each :class:`Artifact` is fetched, with its runtime dependencies, by
-``mvn dependency:copy-dependencies`` on a small pom written for it, into
+headwater needs jars that PySpark does not ship: Apache Kafka's broker (tests and benchmarks start
+it in KRaft mode), Spark's Kafka connector (``headwater pipeline`` with ``bus: kafka``), Delta
+Lake for Spark (Spark reading and writing the tables of a ``type: delta`` destination) and
+Hadoop's S3A filesystem (Spark on ``s3a://`` paths). Each :class:`Artifact` is fetched, with its
+runtime dependencies, by ``mvn dependency:copy-dependencies`` on a small pom written for it, into
 ``<cache>/maven/<name>-<version>/`` (``<cache>``: ``$HEADWATER_CACHE/headwater``, else
 ``$XDG_CACHE_HOME/headwater``, else ``~/.cache/headwater``). A folder is complete once its stamp
 file holds the pom it was fetched with, so an interrupted fetch, or one for an older definition,
 is started again, never used half done; a lock keeps two processes from fetching the same
 artifact at once. Nothing fetched is part of the repository.
 
+An artifact for Spark's class path (``beside_pyspark``) is fetched without any dependency that
+PySpark ships a jar of, whatever its version (the pom excludes them by artifact name, so the
+stamp changes when PySpark's jars do): Spark finds its own copy first, so a second one, often
+older (delta-spark's kernel brings hadoop-client-runtime 3.4.2 and Scala 2.13.17), is dead
+weight at best and a clash under a child-first class loader.
+
     jars = fetch(KAFKA_BROKER)          # list of jar paths; fetched on first use
-    python -m headwater.jvm.maven broker connector   # what scripts/bootstrap.sh runs
+    python -m headwater.jvm.maven broker connector delta s3a   # what scripts/bootstrap.sh runs
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from headwater.errors import TerminalError
 from headwater.jvm.cache import cache_dir
 
 KAFKA_VERSION = "4.1.1"  # the broker tests and benchmarks run
+DELTA_VERSION = "4.4.0"  # Delta Lake for Spark, built for Spark 4.2 (delta-spark_4.2_2.13)
 STAMP = ".complete"
 FETCH_TIMEOUT_S = 900.0
 
@@ -51,6 +59,7 @@ class Artifact:
     artifact: str
     version: str
     also: tuple[str, ...] = ()  # more group:artifact:version fetched with it
+    beside_pyspark: bool = False  # for Spark's class path: no dependency PySpark ships a jar of
 
     @property
     def coordinates(self) -> str:
@@ -86,6 +95,41 @@ def spark_kafka_connector(spark_version: str | None = None) -> Artifact:
     )
 
 
+# Spark's own jars (its Scala, Hadoop client, Parquet, Jackson) are "provided" in delta-spark's
+# pom, yet its kernel modules bring older copies of them (hadoop-client-runtime 3.4, Scala 2.13.17)
+DELTA_SPARK = Artifact(
+    "Delta Lake for Spark", "io.delta", "delta-spark_4.2_2.13", DELTA_VERSION, beside_pyspark=True
+)
+
+
+def hadoop_aws(hadoop_version: str | None = None) -> Artifact:
+    """Hadoop's S3A filesystem at the version of the Hadoop client PySpark ships, with the AWS
+    SDK v2 bundle it needs (Hadoop's own jars, ``provided`` in its pom, are not fetched)."""
+    if hadoop_version is None:
+        hadoop_version = _shipped_version("hadoop-client-api")
+    return Artifact(
+        "Hadoop's S3A filesystem",
+        "org.apache.hadoop",
+        "hadoop-aws",
+        hadoop_version,
+        beside_pyspark=True,
+    )
+
+
+def pyspark_jars() -> list[Path]:
+    """The jars the installed PySpark ships (its Spark home's ``jars``)."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    return sorted((Path(_find_spark_home()) / "jars").glob("*.jar"))
+
+
+def _shipped_version(name: str) -> str:
+    versions = [j.stem[len(name) + 1 :] for j in pyspark_jars() if unversioned(j) == name]
+    if not versions:
+        raise ArtifactError(f"PySpark ships no {name} jar to take the version from")
+    return versions[0]
+
+
 def cached(artifact: Artifact) -> list[Path] | None:
     """The artifact's jars if they were fetched completely, else None."""
     stamp = artifact.folder / STAMP
@@ -118,17 +162,33 @@ def unversioned(jar: Path) -> str:
     return re.sub(r"-\d+\.[\w.-]*$", "", jar.name.removesuffix(".jar"))
 
 
-def _dependency(coordinates: str) -> str:
+def _dependency(coordinates: str, exclusions: str) -> str:
     group, name, version = coordinates.split(":")
     return (
         f"<dependency><groupId>{escape(group)}</groupId>"
         f"<artifactId>{escape(name)}</artifactId><version>{escape(version)}</version>"
-        "</dependency>"
+        f"{exclusions}</dependency>"
     )
 
 
+def _exclusions(artifact: Artifact) -> str:
+    """For ``beside_pyspark``: every artifact PySpark has a jar of, in any group (a jar's name
+    does not tell its group), with what it depends on."""
+    if not artifact.beside_pyspark:
+        return ""
+    names = sorted({unversioned(j) for j in pyspark_jars()})
+    excluded = "".join(
+        f"<exclusion><groupId>*</groupId><artifactId>{escape(n)}</artifactId></exclusion>"
+        for n in names
+    )
+    return f"<exclusions>{excluded}</exclusions>"
+
+
 def _pom(artifact: Artifact) -> str:
-    dependencies = "".join(_dependency(c) for c in (artifact.coordinates, *artifact.also))
+    exclusions = _exclusions(artifact)
+    dependencies = "".join(
+        _dependency(c, exclusions) for c in (artifact.coordinates, *artifact.also)
+    )
     return (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
         '<project xmlns="http://maven.apache.org/POM/4.0.0">'
@@ -200,11 +260,17 @@ def _locked(folder: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-NAMED = {"broker": lambda: KAFKA_BROKER, "connector": lambda: spark_kafka_connector()}
+NAMED = {
+    "broker": lambda: KAFKA_BROKER,
+    "connector": lambda: spark_kafka_connector(),
+    "delta": lambda: DELTA_SPARK,
+    "s3a": lambda: hadoop_aws(),
+}
 
 
 def main(argv: list[str]) -> int:
-    """Fetch the named artifacts (``broker``, ``connector``); print their folders."""
+    """Fetch the named artifacts (``broker``, ``connector``, ``delta``, ``s3a``); print their
+    folders."""
     names = [a for a in argv if not a.startswith("-")] or list(NAMED)
     unknown = [n for n in names if n not in NAMED]
     if unknown:
