@@ -14,6 +14,8 @@
 #     installed with npm into ~/.cache/headwater/grpc-js once per package-lock.json;
 #   - h2spec, the HTTP/2 conformance tool the tests run against the gRPC port, built with
 #     `go install` into ~/.cache/headwater/go once (Go from /usr/local/go or PATH, else Debian's).
+#   - SeaweedFS's weed, the S3-compatible server the tests start (headwater.testing.s3), built
+#     with the same Go into ~/.cache/headwater/go once (about 6 minutes).
 # When everything is already there it does no network access and takes well under a second.
 #
 # Run it directly (`scripts/bootstrap.sh`) or let scripts/up and scripts/test run it.
@@ -200,6 +202,13 @@ ensure_h2spec() {
         die "go install $H2SPEC_MODULE failed (see above)"
 }
 
+# SeaweedFS's weed for the tests' S3 server (headwater.testing.s3): built once with the Go that
+# ensure_h2spec found, then this is a check of one stamp file.
+ensure_weed() {
+    PATH="$PATH:/usr/local/go/bin" "$VENV/bin/python" -m headwater.testing.s3 --quiet ||
+        die "could not build SeaweedFS's weed, the tests' S3 server (see above)"
+}
+
 main() {
     # One bootstrap at a time for this checkout (scripts/up and scripts/test may race).
     if command -v flock >/dev/null 2>&1; then
@@ -220,6 +229,7 @@ main() {
     ensure_jvm_artifacts
     ensure_grpc_js
     ensure_h2spec
+    ensure_weed
 }
 
 main "$@"

@@ -4,6 +4,7 @@ Each service is started once per test session, and only when a test asks for its
 
 - ``postgres_service``: a throwaway PostgreSQL 15 cluster (:class:`PostgresService`)
 - ``redis_service``: a throwaway Redis server (:class:`RedisService`)
+- ``s3_server``: a throwaway S3-compatible server, SeaweedFS (:class:`S3Service`)
 - ``kafka_broker``: one Apache Kafka broker in KRaft mode (:class:`KafkaCluster`)
 - ``spark``: one local-mode SparkSession for the whole run (with Spark's Kafka connector)
 - ``browser`` and ``page``: Debian's Chromium driven by Playwright (``headwater.testing.browser``)
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from headwater.testing.kafka import KafkaCluster
     from headwater.testing.postgres import PostgresService
     from headwater.testing.redis import RedisService
+    from headwater.testing.s3 import S3Service
 
 
 @pytest.fixture
@@ -51,6 +53,16 @@ def redis_service() -> Iterator[RedisService]:
     from headwater.testing.redis import start_redis
 
     with start_redis() as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Service]:
+    """An S3-compatible server (SeaweedFS) on free loopback ports, shared by the whole session;
+    requests must be signed with its ``access_key`` and ``secret_key``."""
+    from headwater.testing.s3 import start_s3
+
+    with start_s3() as service:
         yield service
 
 
