@@ -128,20 +128,23 @@ def add_column_elsewhere(writer: Any, table: str, column: str, sql_type: str) ->
 
 
 def delta_leftovers(destination: Any) -> list[str]:
-    """Files a local Delta destination staged that no table's current version lists: staged,
-    never committed, not cleaned (files that compaction or a MERGE replaced are vacuum's)."""
-    root = Path(destination.location.root)
-    listed: set[str] = set()
+    """Files a Delta destination (local or on S3) staged that no table's current version lists:
+    staged, never committed, not cleaned (files that compaction or a MERGE replaced are
+    vacuum's). Paths as its ``Location`` names them."""
     from deltalake import DeltaTable
 
-    for log in root.glob("*/_delta_log"):
-        listed.update(DeltaTable(str(log.parent)).file_uris())
+    location = destination.location
+    listed: set[str] = set()
+    for name in destination.tables():
+        dt = DeltaTable(location.uri(name), storage_options=location.storage_options())
+        listed.update(uri.split("://", 1)[-1] for uri in dt.file_uris())
     out = []
-    for p in root.rglob("*"):
-        if not p.is_file() or "_delta_log" in p.parts or "batches" in p.parts:
+    for path in location.files():
+        parts = path.split("/")
+        if "_delta_log" in parts or "batches" in parts or "offsets" in parts:
             continue
-        if not p.name.startswith("hw-") and "staging" not in p.parts:
+        if not parts[-1].startswith("hw-") and "staging" not in parts:
             continue
-        if str(p) not in listed:
-            out.append(str(p))
+        if path not in listed:
+            out.append(path)
     return sorted(out)

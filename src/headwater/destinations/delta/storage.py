@@ -45,6 +45,9 @@ class Location:
 
     @classmethod
     def parse(cls, path: str, extra: Mapping[str, str] | None = None) -> Location:
+        scheme, sep, rest = path.partition(":/")
+        if sep and scheme in S3_SCHEMES:  # the config's path went through pathlib: s3a:/b/p
+            path = f"{scheme}://{rest.lstrip('/')}"
         parts = urlsplit(path)
         if parts.scheme in S3_SCHEMES:
             if not parts.netloc:
