@@ -18,9 +18,10 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from contextlib import closing
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import duckdb
 import pytest
@@ -45,7 +46,7 @@ def triple(event):
 """
 
 
-def write_config(tmp_path: Path, fan_out: bool = False, kind: str = "duckdb") -> Path:
+def write_config(tmp_path: Path, fan_out: bool = False, kind: str = "duckdb", **dest: Any) -> Path:
     path = tmp_path / "headwater.yaml"
     functions = []
     if fan_out:  # a module beside the config, as a user keeps one
@@ -64,6 +65,7 @@ def write_config(tmp_path: Path, fan_out: bool = False, kind: str = "duckdb") ->
                     "trigger_interval_s": 0,
                     "max_records_per_trigger": 300,
                     "functions": functions,
+                    **dest,
                 }
             ],
         },
@@ -151,14 +153,21 @@ def counts(config: HeadwaterConfig) -> tuple[int, int]:
 
 @pytest.mark.parametrize(
     ("fan_out", "kills", "kind"),
-    [(False, KILLS, "duckdb"), (True, 3, "duckdb"), (False, 3, "delta")],
-    ids=["plain", "fan-out", "delta"],
+    [(False, KILLS, "duckdb"), (True, 3, "duckdb"), (False, 3, "delta"), (False, 3, "delta-s3")],
+    ids=["plain", "fan-out", "delta", "delta-s3"],
 )
 def test_sigkilled_pipeline_writes_each_event_exactly_once(
-    tmp_path: Path, fan_out: bool, kills: int, kind: str
+    request: pytest.FixtureRequest, tmp_path: Path, fan_out: bool, kills: int, kind: str
 ) -> None:
-    """With fan_out, a Python function makes three events of each: each of those once too."""
-    config_file = write_config(tmp_path, fan_out, kind)
+    """With fan_out, a Python function makes three events of each: each of those once too.
+    delta-s3: the Delta tables on the S3 server (SeaweedFS, headwater.testing.s3)."""
+    dest: dict[str, Any] = {}
+    if kind == "delta-s3":
+        s3 = request.getfixturevalue("s3_server")
+        bucket = s3.create_bucket(f"crash-{uuid.uuid4().hex[:12]}")
+        dest = {"path": f"s3a://{bucket}/lake", "options": {"storage_options": s3.storage_options}}
+        kind = "delta"
+    config_file = write_config(tmp_path, fan_out, kind, **dest)
     config = load_config(config_file)
     fill_log(config, 0, FIRST)
     total = FIRST

@@ -31,7 +31,9 @@ TOPIC = "events-track"
 EMBEDDED: dict[str, Any] = {"embedded": {"durability": "never"}}
 
 
-def write_config(path: Path, template: str, bus: dict[str, Any] | None = None, **dest: Any) -> Path:
+def write_config(
+    path: Path, template: str, bus: dict[str, Any] | None = None, /, **dest: Any
+) -> Path:
     """A config with one destination ``warehouse``; on a Kafka ``bus`` (shared by the tests)
     it reads a topic of its own and keeps a failed store of its own."""
     destination = {"id": "warehouse", "type": "duckdb", "table_name_template": template, **dest}
@@ -107,14 +109,21 @@ def cli_json(config_path: Path, *args: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in result.output.splitlines()]
 
 
-@pytest.fixture(params=["duckdb", "delta"])
+@pytest.fixture(params=["duckdb", "delta", "delta-s3"])
 def dest_type(request: pytest.FixtureRequest, bus_section: dict[str, Any]) -> dict[str, Any]:
-    """The destination: DuckDB on either bus, a Delta folder on the embedded log."""
+    """The destination: DuckDB on either bus; on the embedded log, a Delta folder
+    (<data_dir>/delta/warehouse) and Delta tables on the S3 server (the Spark tasks write their
+    files there with the keys in the destination's storage_options)."""
     if request.param == "duckdb":
         return {}
     if bus_section is not EMBEDDED:
         pytest.skip("Delta is checked on the embedded log")
-    return {"type": "delta", "options": {"partition_by": None}}  # at <data_dir>/delta/warehouse
+    if request.param == "delta":
+        return {"type": "delta", "options": {"partition_by": None}}
+    s3 = request.getfixturevalue("s3_server")
+    bucket = s3.create_bucket(f"replay-{uuid.uuid4().hex[:12]}")
+    options = {"storage_options": s3.storage_options}
+    return {"type": "delta", "path": f"s3a://{bucket}/lake", "options": options}
 
 
 def test_failed_events_replayed_after_a_fix_land_once(

@@ -32,6 +32,7 @@ from headwater.config.model import HeadwaterConfig
 from headwater.destinations import open_destination
 from headwater.pipeline.failed import FailedStore
 from headwater.pipeline.runner import Pipeline
+from headwater.testing.s3 import S3Service
 from headwater.testing.warehouse import delta_query
 from headwater.transport.message import Change, Mode, Op, encode
 
@@ -44,7 +45,11 @@ COLUMNS = "id, n, ts, j, ints, b, u, f, ok, note"
 
 
 def config_for(
-    tmp_path: Path, target: str, clickhouse: Path | None = None, **dest: Any
+    tmp_path: Path,
+    target: str,
+    clickhouse: Path | None = None,
+    s3: S3Service | None = None,
+    **dest: Any,
 ) -> HeadwaterConfig:
     common = {"apply": "upsert", "topic_pattern": r"cdc\..*", **dest}
     destinations = [
@@ -52,6 +57,10 @@ def config_for(
         {"id": "pg", "type": "postgres", "dsn": target, **common},
         {"id": "lake", "type": "delta", "path": str(tmp_path / "lake"), **common},
     ]
+    if s3 is not None:  # Delta tables on the S3 server too
+        bucket = s3.create_bucket(f"mirror-{uuid.uuid4().hex[:12]}")
+        lake = {"path": f"s3a://{bucket}/lake", "options": {"storage_options": s3.storage_options}}
+        destinations.append({"id": "lake-s3", "type": "delta", **lake, **common})
     if clickhouse is not None:  # chdb: one data folder per process, a database per test
         database = {"database": f"m{uuid.uuid4().hex[:12]}"}
         ch = {"id": "ch", "type": "clickhouse", "path": str(clickhouse), "options": database}
@@ -122,9 +131,9 @@ def source_rows(dsn: str) -> list[tuple[Any, ...]]:
         return table_rows(c.execute(f"select {COLUMNS} from kinds").fetchall())
 
 
-def delta_rows(config: HeadwaterConfig, sql: str) -> list[tuple[Any, ...]]:
-    """Rows of ``sql`` over the Delta mirror, read by delta-rs."""
-    dest = next(d for d in config.pipeline.destinations if d.type == "delta")
+def delta_rows(config: HeadwaterConfig, sql: str, mirror: str = "lake") -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` over the Delta mirror ``mirror``, read by delta-rs."""
+    dest = next(d for d in config.pipeline.destinations if d.id == mirror)
     d = open_destination(dest, config.data_dir)
     try:
         return delta_query(d, sql)
@@ -148,13 +157,13 @@ def row_sql(i: int) -> str:
     )
 
 
-def test_a_table_is_mirrored_into_duckdb_postgres_and_clickhouse(
-    spark: Any, source: str, target: str, tmp_path: Path, chdb_path: Path
+def test_a_table_is_mirrored_into_duckdb_postgres_clickhouse_and_delta(
+    spark: Any, source: str, target: str, tmp_path: Path, chdb_path: Path, s3_server: S3Service
 ) -> None:
     execute(
         source, TABLE, f"insert into kinds values {', '.join(row_sql(i) for i in range(1, 201))}"
     )
-    config = config_for(tmp_path, target, chdb_path)
+    config = config_for(tmp_path, target, chdb_path, s3_server)
     state = tmp_path / "state"
     read_into_log(source, config.log_dir(), state, 200)
     execute(
@@ -181,6 +190,7 @@ def test_a_table_is_mirrored_into_duckdb_postgres_and_clickhouse(
     as_hex = [tuple(v.hex() if isinstance(v, bytes) else v for v in r) for r in expected]
     assert table_rows(ch) == as_hex
     assert table_rows(delta_rows(config, f"SELECT {COLUMNS} FROM kinds")) == expected
+    assert table_rows(delta_rows(config, f"SELECT {COLUMNS} FROM kinds", "lake-s3")) == expected
     with duckdb.connect(str(tmp_path / "m.duckdb"), read_only=True) as c:
         extra = dict(c.execute("select id, extra from kinds where extra is not null").fetchall())
     assert extra == {i: f"x{i}" for i in range(1, 50) if i % 4 and i != 7}
