@@ -25,7 +25,6 @@ the batch's (``ensure_table``); a value whose type does not fit its column goes 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -74,13 +73,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _RETRIES = 8  # table creation and column patching racing other writers
-_DELTA_TYPES = {
-    ColumnType.BOOL: "boolean",
-    ColumnType.INT64: "long",
-    ColumnType.FLOAT64: "double",
-    ColumnType.TIMESTAMP: "timestamp",
-    ColumnType.STRING: "string",
-}
 
 
 class DeltaDestination(DeltaMirror, Destination):
@@ -453,13 +445,10 @@ def _raced(exc: BaseException) -> bool:
 
 
 def _type_name(t: Any) -> str:
-    """A Delta field type's name (``long``, ``decimal(10,2)``, ``struct``...)."""
+    """A Delta field type's name: a primitive's (``long``, ``decimal(10,2)``), else its kind
+    (``array``, ``struct``, ``map``: none of headwater's column types)."""
     kind = getattr(t, "type", None)
-    return (
-        str(kind)
-        if isinstance(kind, str)
-        else json.dumps(t.to_json() if hasattr(t, "to_json") else str(t))
-    )
+    return kind if isinstance(kind, str) else type(t).__name__.removesuffix("Type").lower()
 
 
 def open_destination(config: DestinationConfig, data_dir: Path) -> DeltaDestination:
