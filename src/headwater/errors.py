@@ -6,6 +6,8 @@ Every error carries a stable code (``HW-...``) that tests and operators match on
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import ClassVar
 
 
@@ -53,3 +55,15 @@ class MissingDependencyError(TerminalError):
         )
         self.module = module
         self.extra = extra
+
+
+@contextmanager
+def classified_by(classify: Callable[[BaseException], HeadwaterError]) -> Iterator[None]:
+    """Run a block, re-raising what is not headwater's own as ``classify`` names it (each
+    connector's one function that decides transient or terminal)."""
+    try:
+        yield
+    except HeadwaterError:
+        raise
+    except Exception as exc:
+        raise classify(exc) from exc

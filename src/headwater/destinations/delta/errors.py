@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 from headwater.destinations.base import DestinationError, DestinationUnavailable
-from headwater.errors import HeadwaterError
+from headwater.errors import HeadwaterError, classified_by
 
 _TRANSIENT_TEXT = ("connection", "timed out", "timeout", "503", "slow down", "throttl", "reset")
 
@@ -26,11 +25,6 @@ def classify(exc: BaseException) -> HeadwaterError:
     return DestinationError(f"delta: {text}")
 
 
-@contextmanager
-def classified() -> Iterator[None]:
-    try:
-        yield
-    except HeadwaterError:
-        raise
-    except Exception as exc:
-        raise classify(exc) from exc
+def classified() -> AbstractContextManager[None]:
+    """A block whose foreign errors ``classify`` names."""
+    return classified_by(classify)

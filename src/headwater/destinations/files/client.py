@@ -24,8 +24,8 @@ import errno
 import gzip
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,7 +57,7 @@ from headwater.destinations.batches import (
 from headwater.destinations.dialect import Dialect
 from headwater.destinations.duckdb.dialect import DuckDBDialect
 from headwater.destinations.types import ColumnType
-from headwater.errors import HeadwaterError
+from headwater.errors import HeadwaterError, classified_by
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -77,14 +77,8 @@ def classify(exc: BaseException) -> HeadwaterError:
     return DestinationError(f"files: {exc}")
 
 
-@contextmanager
-def _classified() -> Iterator[None]:
-    try:
-        yield
-    except HeadwaterError:
-        raise
-    except Exception as exc:
-        raise classify(exc) from exc
+def _classified() -> AbstractContextManager[None]:
+    return classified_by(classify)
 
 
 class FilesDestination(Destination):
