@@ -5,11 +5,13 @@ how each destination's writer is doing, as the running pipeline last wrote it;
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -226,8 +228,12 @@ def step_cmd(ctx: click.Context, destination: str, count: int, fmt: str) -> None
         ctx.exit(1)
 
 
-def _delta(ctx: click.Context, destination: str) -> Any:
-    """The configured Delta destination ``destination``, opened (a clear error otherwise)."""
+@contextlib.contextmanager
+def _delta_tables(
+    ctx: click.Context, destination: str, tables: tuple[str, ...]
+) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """The configured Delta destination ``destination``, opened (a clear error otherwise), and
+    its tables ``tables`` (all of them when none is named), loaded."""
     from headwater.destinations import open_destination
 
     config = cli_config(ctx)
@@ -237,7 +243,11 @@ def _delta(ctx: click.Context, destination: str) -> Any:
         raise click.BadParameter(f"no destination {destination!r} (configured: {known})")
     if dest.type != "delta":
         raise click.BadParameter(f"destination {destination!r} is {dest.type}, not delta")
-    return open_destination(dest, config.data_dir)
+    d = open_destination(dest, config.data_dir)
+    try:
+        yield d, {t: d.delta_table(t) for t in tables or d.tables()}
+    finally:
+        d.close()
 
 
 def _maintained(results: list[Any], fmt: str) -> None:
@@ -269,12 +279,8 @@ def optimize_cmd(
     Z-ordered. Safe while the pipeline writes."""
     from headwater.destinations.delta.maintenance import optimize
 
-    d = _delta(ctx, destination)
-    try:
-        loaded = {t: d.delta_table(t) for t in tables or d.tables()}
+    with _delta_tables(ctx, destination, tables) as (d, loaded):
         _maintained(optimize(loaded, d.options, list(zorder) or None), fmt)
-    finally:
-        d.close()
 
 
 @pipeline_cmd.command("vacuum")
@@ -303,9 +309,5 @@ def vacuum_cmd(
     needs: those compaction replaced, and files never committed (a crashed task's)."""
     from headwater.destinations.delta.maintenance import vacuum
 
-    d = _delta(ctx, destination)
-    try:
-        loaded = {t: d.delta_table(t) for t in tables or d.tables()}
+    with _delta_tables(ctx, destination, tables) as (_, loaded):
         _maintained(vacuum(loaded, retention_hours, dry_run), fmt)
-    finally:
-        d.close()

@@ -29,6 +29,8 @@ from headwater.destinations.session import TableChanged
 from headwater.destinations.types import ColumnType
 
 if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
     from headwater.destinations.dialect import Dialect
     from headwater.destinations.session import Session
 
@@ -136,29 +138,34 @@ def without_order(rows: pa.Table) -> pa.Table:
 
 
 def stage_parquet(
-    folder: Path,
+    folder: Path | str,
     writer_id: str,
     batch_id: int,
     task: str,
     tables: Mapping[str, pa.Table],
     *,
     keep_order: bool = True,
+    filesystem: pafs.FileSystem | None = None,
 ) -> list[StagedPart]:
-    """Write each table's rows to ``<folder>/<writer>/<batch>/<table>/<part>.parquet``; a
-    part is only ever listed after its file is complete, so a half-written file (a task that
-    died) is never committed, only cleaned up."""
+    """Write each table's rows to ``<folder>/<writer>/<batch>/<table>/<part>.parquet`` (on
+    ``filesystem``: the local one unless given); a part is only ever listed after its file is
+    complete, so a half-written file (a task that died) is never committed, only cleaned up."""
+    import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
+    fs = filesystem or pafs.LocalFileSystem()
     parts = []
     for name, rows in tables.items():
         if not rows.num_rows:
             continue
         rows = utc_timestamps(with_order(rows) if keep_order else without_order(rows))
-        batch = writer_folder(folder, writer_id) / str(batch_id)
-        path = batch / name / f"{part_name(task)}.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(rows, path, write_statistics=False)  # read once, whole: no use
-        parts.append(StagedPart(name, rows.num_rows, str(path), task))
+        table_folder = "/".join((str(folder), safe_name(writer_id), str(batch_id), name))
+        path = f"{table_folder}/{part_name(task)}.parquet"
+        if isinstance(fs, pafs.LocalFileSystem):  # (object stores have no folders to make)
+            fs.create_dir(table_folder, recursive=True)
+        with fs.open_output_stream(path) as out:
+            pq.write_table(rows, out, write_statistics=False)  # read once, whole: no use
+        parts.append(StagedPart(name, rows.num_rows, path, task))
     return parts
 
 
@@ -191,16 +198,20 @@ def writer_folder(folder: Path, writer_id: str) -> Path:
     return folder / safe_name(writer_id)
 
 
-def staged_paths(parts: Sequence[StagedPart]) -> list[str]:
+def staged_paths(
+    parts: Sequence[StagedPart], exists: Callable[[list[str]], list[bool]] | None = None
+) -> list[str]:
     """The parts' files, all of which must still be there (else the batch must be staged
-    again: transient, the batch's retry does it)."""
-    missing = [p.ref for p in parts if not Path(p.ref).exists()]
+    again: transient, the batch's retry does it); ``exists``: where they are not local files."""
+    refs = [p.ref for p in parts]
+    found = exists(refs) if exists is not None else [Path(r).exists() for r in refs]
+    missing = [r for r, ok in zip(refs, found, strict=True) if not ok]
     if missing:
         raise DestinationUnavailable(
             f"{len(missing)} staged part(s) are gone (cleaned up?), e.g. {missing[0]}: "
             "the batch must be staged again"
         )
-    return [p.ref for p in parts]
+    return refs
 
 
 def remove_files(parts: Sequence[StagedPart]) -> None:

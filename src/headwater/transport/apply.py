@@ -224,7 +224,7 @@ class ApplySql(ABC):
         its LSN recorded; from then on a change older than it (a late partition's) is skipped
         (``row_statements``). In order: the table is emptied before the record moves."""
         table, ns, writer = q(t.name), lit(t.namespace), lit(writer_id)
-        recorded, newest = self._recorded(t, writer_id), self._newest(source, t)
+        recorded, newest = self._recorded(t, writer_id), self.newest_truncate(source, t)
         return [
             f"DELETE FROM {table} WHERE coalesce({newest}, -1) > coalesce({recorded}, -1)",
             f"DELETE FROM {TRUNCATES} WHERE writer_id = {writer} AND namespace = {ns} "
@@ -246,7 +246,7 @@ class ApplySql(ABC):
         )
         since = (
             f"greatest(coalesce({self._recorded(t, writer_id)}, -1), "
-            f"coalesce({self._newest(source, t)}, -1))"
+            f"coalesce({self.newest_truncate(source, t)}, -1))"
         )
         mine = (
             f"SELECT s.* FROM {source} s LEFT JOIN ({cut}) c ON c.part = s.part "
@@ -307,7 +307,8 @@ class ApplySql(ABC):
             f"AND namespace = {lit(t.namespace)})"
         )
 
-    def _newest(self, source: str, t: MirrorTable) -> str:
+    def newest_truncate(self, source: str, t: MirrorTable) -> str:
+        """SQL: the LSN of the namespace's newest truncate in ``source`` (NULL: none)."""
         return (
             f"(SELECT max(lsn) FROM {source} x "
             f"WHERE namespace = {lit(t.namespace)} AND op = 'truncate')"

@@ -46,8 +46,9 @@ from headwater.destinations.batches import (
     by_table,
     dedupe_last,
     safe_name,
+    stage_parquet,
+    staged_paths,
     utc_timestamps,
-    with_order,
     without_order,
 )
 from headwater.destinations.delta.config import DeltaOptions
@@ -55,6 +56,8 @@ from headwater.destinations.delta.datafiles import (
     add_action,
     batch_of,
     batch_prefix,
+    cast_to,
+    is_data_file,
     partition_values,
     write_files,
     writer_prefix,
@@ -211,19 +214,13 @@ class DeltaDestination(DeltaMirror, Destination):
         done = self.committed(writer_id)
         if done is not None and batch_id <= done:
             return False
-        schemas = {name: self._known(name) for name in tables}
+        schemas = {name: self._structure(name, self.delta_table(name)) for name in tables}
         parts = self.stage(writer_id, batch_id, "driver", tables, schemas)
         try:
             return self.commit_staged(writer_id, batch_id, parts, schemas)
         except BaseException:
             self.discard_staged(writer_id, batch_id, parts)
             raise
-
-    def _known(self, name: str) -> TableSchema:
-        have = self.table(name)
-        if have is None:
-            raise DestinationError(f"delta: table {name!r} does not exist (ensure_table first)")
-        return have
 
     def stage(
         self,
@@ -239,8 +236,15 @@ class DeltaDestination(DeltaMirror, Destination):
                 if not rows.num_rows:
                     continue
                 key = schemas[name].primary_key if schemas else self.primary_key
-                if key or is_changes(name):  # rows to merge, a mirror's changes
-                    parts.extend(self._stage_upsert(writer_id, batch_id, task, name, rows))
+                if key or is_changes(name):  # rows to merge, a mirror's changes: staged aside
+                    parts += stage_parquet(
+                        self.location.path(OWN, "staging"),
+                        writer_id,
+                        batch_id,
+                        task,
+                        {name: rows},
+                        filesystem=self.location.filesystem(),
+                    )
                     continue
                 parts.extend(
                     write_files(
@@ -255,23 +259,6 @@ class DeltaDestination(DeltaMirror, Destination):
                 )
         return parts
 
-    def _stage_upsert(
-        self, writer_id: str, batch_id: int, task: str, name: str, rows: pa.Table
-    ) -> list[StagedPart]:
-        import pyarrow.parquet as pq
-
-        from headwater.destinations.batches import part_name
-
-        folder = (OWN, "staging", safe_name(writer_id), str(batch_id), name)
-        path = self.location.path(*folder, f"{part_name(task)}.parquet")
-        fs = self.location.filesystem()
-        if not self.location.s3:
-            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        rows = utc_timestamps(with_order(rows))
-        with fs.open_output_stream(path) as out:
-            pq.write_table(rows, out, write_statistics=False)
-        return [StagedPart(name, rows.num_rows, path, task, {"upsert": True})]
-
     def commit_staged(
         self,
         writer_id: str,
@@ -284,16 +271,7 @@ class DeltaDestination(DeltaMirror, Destination):
             if done is not None and batch_id <= done:
                 self._remove(parts)
                 return False
-            missing = [
-                p.ref
-                for p, ok in zip(parts, self.location.exists([p.ref for p in parts]), strict=True)
-                if not ok
-            ]
-            if missing:
-                raise DestinationUnavailable(
-                    f"delta: {len(missing)} staged file(s) are gone, e.g. {missing[0]}: the "
-                    "batch must be staged again"
-                )
+            staged_paths(parts, self.location.exists)  # all still there
             for name, table_parts in by_table(parts).items():
                 self._commit_table(writer_id, batch_id, name, table_parts)
             self._record(writer_id, batch_id)
@@ -307,9 +285,7 @@ class DeltaDestination(DeltaMirror, Destination):
         the table's log holds the writer's batch already."""
         from deltalake import CommitProperties, Transaction
 
-        dt = self._load(name)
-        if dt is None:
-            raise DestinationError(f"delta: table {name!r} does not exist (ensure_table first)")
+        dt = self.delta_table(name)
         recorded = dt.transaction_version(writer_id)
         if recorded is not None and recorded >= batch_id:  # a replay after a crash mid-batch
             self._remove(parts)
@@ -318,7 +294,7 @@ class DeltaDestination(DeltaMirror, Destination):
             custom_metadata={WRITER: writer_id, BATCH: str(batch_id)},
             app_transactions=[Transaction(writer_id, batch_id)],
         )
-        if any(p.meta.get("upsert") for p in parts):
+        if not all(is_data_file(p) for p in parts):  # rows staged to merge
             self._merge(dt, name, parts, commit)
             self._remove(parts)
         else:
@@ -351,23 +327,19 @@ class DeltaDestination(DeltaMirror, Destination):
         staged = pa.concat_tables(
             [pq.read_table(p.ref, filesystem=fs) for p in parts], promote_options="default"
         )
-        staged = staged.sort_by(ORDER_COLUMN)
-        rows = dedupe_last(staged, key).drop_columns([ORDER_COLUMN])
+        rows = dedupe_last(staged.sort_by(ORDER_COLUMN), key).drop_columns([ORDER_COLUMN])
         partition = self.partitioning(True)
         if partition is not None:
             values = partition_values(rows, *partition)
-            rows = without_order(rows)
             if partition[1] in rows.column_names:
                 rows = rows.drop_columns([partition[1]])
             rows = rows.append_column(partition[1], values)
-        target = dt.schema().to_arrow()
-        columns = []
-        for f in pa.schema(target):
-            if f.name in rows.column_names:
-                columns.append(rows.column(f.name).cast(f.type))
-            else:
-                columns.append(pa.nulls(rows.num_rows, f.type))
-        source = pa.table(columns, schema=pa.schema(target))
+        target = pa.schema(dt.schema().to_arrow())
+        rows = cast_to(rows, target)
+        for f in target:  # a column no row of the batch has: null, as an upsert replaces rows
+            if f.name not in rows.column_names:
+                rows = rows.append_column(f, pa.nulls(rows.num_rows, f.type))
+        source = rows.select(target.names)
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key)
         (
             dt.merge(source, on, source_alias="s", target_alias="t", commit_properties=commit)
@@ -422,7 +394,7 @@ class DeltaDestination(DeltaMirror, Destination):
         for path in self.location.files(prefix=head):
             rel = path[len(self.location.root) + 1 :]
             batch = batch_of(rel.rsplit("/", 1)[-1], writer_id)
-            if rel.startswith(f"{OWN}/") or batch is None or (done is not None and batch <= done):
+            if batch is None or (done is not None and batch <= done):
                 continue
             by_table.setdefault(rel.split("/", 1)[0], []).append((path, batch))
         stray = []

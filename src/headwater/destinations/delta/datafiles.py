@@ -10,7 +10,11 @@ the table (URI-encoded, as the Delta log spells it), its size, partition values 
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -19,11 +23,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headwater.destinations.base import DestinationError, StagedPart
-from headwater.destinations.batches import safe_name
+from headwater.destinations.batches import part_name, safe_name
 from headwater.destinations.delta.config import DEFAULT_PARTITION, EVENT_TIME
-from headwater.destinations.delta.storage import Location, unique
+from headwater.destinations.delta.storage import Location
 
 if TYPE_CHECKING:
+    import duckdb
     from deltalake.transaction import AddAction
 
 FILE_PREFIX = "hw-"
@@ -49,6 +54,28 @@ def batch_of(name: str, writer_id: str) -> int | None:
     return int(number) if number.isdigit() else None
 
 
+_SCRATCH_LOCK = threading.Lock()  # the process's scratch connection, one query at a time
+
+
+@contextmanager
+def scratch() -> Iterator[duckdb.DuckDBPyConnection]:
+    """The process's DuckDB connection for small queries (partition values, a mirror's column
+    types), one caller at a time: opening one costs ~20 ms, and a task stages every few
+    thousand rows."""
+    with _SCRATCH_LOCK:
+        yield _connection()
+
+
+@functools.cache
+def _connection() -> duckdb.DuckDBPyConnection:
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET threads = 1")
+    con.execute("SET TimeZone = 'UTC'")
+    return con
+
+
 def partition_values(rows: pa.Table, expression: str, column: str) -> pa.Array:
     """Each row's partition value: ``expression`` (DuckDB SQL over the row's columns); the
     default day is null for rows without an event time (a table whose events have none)."""
@@ -56,19 +83,17 @@ def partition_values(rows: pa.Table, expression: str, column: str) -> pa.Array:
 
     if expression == DEFAULT_PARTITION and EVENT_TIME not in rows.column_names:
         return pa.nulls(rows.num_rows, pa.date32())
-
-    con = duckdb.connect()
-    try:
-        con.execute("SET TimeZone = 'UTC'")
+    with scratch() as con:
         con.register("rows", rows)
-        result = con.sql(f"SELECT ({expression}) AS {column} FROM rows").to_arrow_table()
-    except duckdb.Error as exc:
-        raise DestinationError(
-            f"delta: the partition expression {expression!r} failed on a table with columns "
-            f"{', '.join(rows.column_names)}: {exc}"
-        ) from exc
-    finally:
-        con.close()
+        try:
+            result = con.sql(f"SELECT ({expression}) AS {column} FROM rows").to_arrow_table()
+        except duckdb.Error as exc:
+            raise DestinationError(
+                f"delta: the partition expression {expression!r} failed on a table with "
+                f"columns {', '.join(rows.column_names)}: {exc}"
+            ) from exc
+        finally:
+            con.unregister("rows")
     return result.column(0).combine_chunks()
 
 
@@ -105,12 +130,13 @@ def write_files(
     expression, column = partition
     values = partition_values(rows, expression, column)
     data = rows.drop_columns([column]) if column in rows.column_names else rows
-    if values.null_count == 0 and len(pc.unique(values)) == 1:
-        return [_write(location, table, name_prefix, task, data, (column, values[0]), compression)]
+    distinct = pc.unique(values)
     parts = []
-    for value in pc.unique(values):
-        mask = pc.is_null(values) if not value.is_valid else pc.equal(values, value)
-        chunk = data.filter(pc.fill_null(mask, False))
+    for value in distinct:
+        chunk = data  # all of them when the rows share one value (one day, mostly)
+        if len(distinct) > 1:
+            mask = pc.is_null(values) if not value.is_valid else pc.equal(values, value)
+            chunk = data.filter(pc.fill_null(mask, False))
         parts.append(
             _write(location, table, name_prefix, task, chunk, (column, value), compression)
         )
@@ -129,7 +155,7 @@ def _write(
     import pyarrow.parquet as pq
 
     values: dict[str, str | None] = {}
-    rel = f"{name_prefix}{unique()}.{compression}.parquet"
+    rel = f"{name_prefix}{part_name(task)}.{compression}.parquet"
     if partition is not None:
         column, scalar = partition
         text = partition_text(scalar.as_py())
@@ -177,6 +203,19 @@ def stats(rows: pa.Table) -> dict[str, Any]:
 def _millis(at: datetime) -> str:
     at = at if at.tzinfo else at.replace(tzinfo=UTC)
     return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def cast_to(rows: pa.Table, target: pa.Schema) -> pa.Table:
+    """Rows cast to the table's types, by name (columns the table lacks kept as they are)."""
+    for i, f in enumerate(rows.schema):
+        if f.name in target.names and f.type != target.field(f.name).type:
+            rows = rows.set_column(i, f.name, rows.column(i).cast(target.field(f.name).type))
+    return rows
+
+
+def is_data_file(part: StagedPart) -> bool:
+    """A part written by ``write_files`` (a file for the table's log), not rows staged aside."""
+    return "path" in part.meta
 
 
 def add_action(part: StagedPart) -> AddAction:

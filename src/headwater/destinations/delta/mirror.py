@@ -29,6 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from headwater.destinations.batches import safe_name
+from headwater.destinations.delta.datafiles import cast_to, scratch
+from headwater.destinations.delta.errors import classified, classify
+from headwater.destinations.delta.storage import BATCH, OWN, WRITER
 from headwater.transport.apply import (
     CHANGES_TABLE,
     ORDER,
@@ -47,7 +51,6 @@ if TYPE_CHECKING:
 
     from headwater.destinations.base import StagedPart, TableSchema
     from headwater.destinations.delta.storage import Location
-    from headwater.errors import HeadwaterError
 
 STAGED = "changes"  # the staged changes' name in the driver's DuckDB
 _TEXT = ("TIME", "INTERVAL", "UUID", "JSON")  # no such Delta types: kept as text
@@ -64,16 +67,11 @@ class DeltaApply(DuckDBApply):
 
 def mirror_fields(table: MirrorTable) -> list[pa.Field]:
     """The mirror table's columns as Arrow fields (the types DuckDB gives its values)."""
-    import duckdb
-
     sql = DeltaApply()
     null = "CAST(NULL AS VARCHAR)"  # a value's text, as the changes carry it
     picks = ", ".join(f"{sql.typed(null, c.source_type)} AS {q(c.name)}" for c in table.columns)
-    con = duckdb.connect()
-    try:
+    with scratch() as con:
         schema = con.sql(f"SELECT {picks}").to_arrow_table().schema
-    finally:
-        con.close()
     return [pa.field(f.name, delta_type(f.type)) for f in schema]
 
 
@@ -115,9 +113,6 @@ class DeltaMirror:
     # -- offsets ----------------------------------------------------------------------------
     def writer_offsets(self, writer_id: str) -> dict[tuple[str, int], int]:
         """The next offset a mirror writer takes per topic and partition."""
-        from headwater.destinations.batches import safe_name
-        from headwater.destinations.delta.storage import OWN
-
         text = self.location.read_text(OWN, "offsets", safe_name(writer_id))
         marks = json.loads(text) if text else []
         return {(str(t), int(p)): int(o) for t, p, o in marks}
@@ -131,9 +126,6 @@ class DeltaMirror:
     ) -> None:
         if not offsets:
             return
-        from headwater.destinations.batches import safe_name
-        from headwater.destinations.delta.storage import OWN
-
         marks = self.writer_offsets(writer_id)
         for tp, o in offsets.items():
             marks[tp] = max(marks.get(tp, o), o) if forward_only else o
@@ -173,8 +165,6 @@ class DeltaMirror:
         """Apply the staged changes to their tables, then move the writer's offsets and record
         the batch (False: recorded before, nothing applied). ``batch_id`` None: a step of
         ``headwater pipeline step`` (no batch). The staging is removed."""
-        from headwater.destinations.delta.errors import classified
-
         with classified():
             done = self.committed(writer_id) if batch_id is not None else None
             if batch_id is not None and done is not None and batch_id <= done:
@@ -200,8 +190,6 @@ class DeltaMirror:
     ) -> list[dict[str, Any]]:
         """Apply the changes in order in groups (halves, and halves of halves) until every bad
         change is alone; the bad ones back."""
-        from headwater.destinations.delta.errors import classified, classify
-
         with classified(), self._changes(parts) as con:
             con.execute(
                 f"CREATE TABLE numbered AS SELECT *, row_number() OVER (ORDER BY part, {ORDER}) "
@@ -221,10 +209,7 @@ class DeltaMirror:
                 assert row is not None
                 return str(row[0]), int(row[1]), int(row[2])
 
-            def as_error(exc: Exception) -> HeadwaterError:
-                return classify(exc)
-
-            failed = isolate(int(n), group, where, as_error)
+            failed = isolate(int(n), group, where, classify)
             self._move_offsets(writer_id, offsets or {})
             self._record(writer_id, batch_id)
         self._remove(parts)
@@ -239,8 +224,6 @@ class DeltaMirror:
         batch_id: int | None,
     ) -> None:
         from deltalake import CommitProperties, Transaction, write_deltalake
-
-        from headwater.destinations.delta.storage import BATCH, WRITER
 
         dt = self._load(t.name)
         assert dt is not None, f"mirror table {t.name} not created"
@@ -261,7 +244,7 @@ class DeltaMirror:
                 f"WHERE op IN ('read', 'insert') ORDER BY part, {ORDER}"
             ).to_arrow_table()
             if rows.num_rows:
-                rows = _conform(rows.rename_columns([c.name for c in t.columns]), target)
+                rows = cast_to(rows.rename_columns([c.name for c in t.columns]), target)
                 write_deltalake(dt, rows, mode="append", commit_properties=commit)
             return
         last = sql.last_per_key(mine, t)
@@ -273,7 +256,7 @@ class DeltaMirror:
         changes = con.sql(f"SELECT {', '.join(picks)} FROM ({last}) l").to_arrow_table()
         if not changes.num_rows:
             return
-        source_rows = _conform(changes, target)
+        source_rows = cast_to(changes, target)
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in t.key)
         updates = {
             f"`{c.name}`": f"CASE WHEN s._hw_set_{i} THEN s.`{c.name}` ELSE t.`{c.name}` END"
@@ -301,10 +284,7 @@ class DeltaMirror:
 
         app = truncate_app(writer_id)
         recorded = dt.transaction_version(app)
-        row = con.execute(
-            f"SELECT max(lsn) FROM {source} x WHERE namespace = {lit(t.namespace)} "
-            "AND op = 'truncate'"
-        ).fetchone()
+        row = con.execute(f"SELECT {DeltaApply().newest_truncate(source, t)}").fetchone()
         newest = row[0] if row else None
         if newest is not None and newest > (recorded if recorded is not None else -1):
             commit = CommitProperties(app_transactions=[Transaction(app, int(newest))])
@@ -320,14 +300,6 @@ class DeltaMirror:
                 f"INSERT INTO {TRUNCATES} VALUES ({lit(writer_id)}, {lit(t.namespace)}, "
                 f"{int(recorded)})"
             )
-
-
-def _conform(rows: pa.Table, target: pa.Schema) -> pa.Table:
-    """Rows cast to the table's types, by name (helper columns kept as they are)."""
-    for i, f in enumerate(rows.schema):
-        if f.name in target.names and f.type != target.field(f.name).type:
-            rows = rows.set_column(i, f.name, rows.column(i).cast(target.field(f.name).type))
-    return rows
 
 
 def is_changes(name: str) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,10 +64,6 @@ class Location:
         """The table's URI for delta-rs."""
         return f"s3://{self.path(table)}" if self.s3 else self.path(table)
 
-    def spark_uri(self, table: str) -> str:
-        """The table's URI for Spark (hadoop-aws speaks ``s3a``)."""
-        return f"s3a://{self.path(table)}" if self.s3 else f"file://{self.path(table)}"
-
     def storage_options(self) -> dict[str, str]:
         """delta-rs's object-store settings: the environment's, then ``options``."""
         if not self.s3:
@@ -92,10 +87,10 @@ class Location:
         try:
             with fs.open_input_stream(self.path(*names)) as f:
                 return bytes(f.read()).decode()
-        except (FileNotFoundError, pa.ArrowIOError) as exc:
+        except (FileNotFoundError, pa.ArrowIOError):
             if _missing(fs, self.path(*names)):
                 return None
-            raise exc
+            raise
 
     def write_text(self, text: str, *names: str) -> None:
         """Replace the object atomically (S3: one PUT; local: a durable rename)."""
@@ -142,10 +137,6 @@ class Location:
         import pyarrow.fs as pafs
 
         return [i.type == pafs.FileType.File for i in self.filesystem().get_file_info(paths)]
-
-
-def unique() -> str:
-    return uuid.uuid4().hex[:16]
 
 
 def _missing(fs: pafs.FileSystem, path: str) -> bool:
