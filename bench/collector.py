@@ -5,6 +5,7 @@ Run from the repository root::
     .venv/bin/python bench/collector.py                 # the full run, under 4 minutes
     .venv/bin/python bench/collector.py --quick         # a smoke run, under 60 s
     .venv/bin/python bench/collector.py --format json   # the same figures as JSON on stdout
+    .venv/bin/python bench/collector.py --bus kafka     # on Kafka vs the log, and vs Raccoon
 
 The collector runs as ``headwater --config FILE collector --port 0 --grpc-port 0`` runs it, its
 log under ``./data`` (``--dir``), ``collector.workers: auto`` (an intake process per core): its
@@ -47,7 +48,24 @@ then on a fresh collector with ``bus.backend: kafka`` (``ack: durable`` waits fo
 the broker's default flush policy: no fsync before the ack; topics of 2 partitions, as on the log)
 on one broker (``headwater.testing.kafka``, KRaft on loopback, JVM ``_common.KAFKA_JVM``) started
 after the embedded cases. Per case: both figures and the ratio Kafka / embedded, with the broker's
-CPU (it shares the 2 cores) and peak RSS (VmHWM). Nothing else runs; targets are the embedded's.
+CPU (it shares the 2 cores) and peak RSS (VmHWM, taken before Raccoon's cases).
+
+Then, on the same broker before it is stopped, the peer (issue 37): Raccoon v0.3.0, the Go event
+collector whose protocol headwater speaks (``--raccoon PATH``, default ``$HEADWATER_RACCOON``, else
+``~/.cache/headwater/raccoon/raccoon-v0.3.0``), run as ``raccoon server`` configured by its
+environment: WebSocket/REST and gRPC on free ports (it binds every interface, and its pprof
+server binds localhost:6060, a port it cannot be told to move: the bench checks that it is free),
+``EVENT_ACK=1`` (acked after Kafka's delivery report; librdkafka's default ``acks=all``),
+``WORKER_POOL_SIZE=50``, and ``EVENT_DISTRIBUTION_PUBLISHER_PATTERN=bench-raccoon-%s`` (topic
+``bench-raccoon-click``, created beforehand with the 2 partitions headwater's topics get, not
+left to auto-creation). It is ready when ``GET /ping`` answers, its gRPC port accepts and a REST
+batch is acked. The same closed-loop cases drive it with the same load generators (gRPC calls
+add the ``x-user-id`` metadata Raccoon requires; a case it cannot run is skipped with the reason),
+measured as the collector is (CPU and RSS of its one process, the broker's CPU). Per case:
+headwater on Kafka / Raccoon events/s, both p99s, both collector CPU per event, both broker
+CPUs. Without the binary the run says so, with how to build it, and goes on. Targets: the
+embedded's (issue 14) and issue 37's on Kafka: WebSocket x100 >= 1.0x Raccoon's events/s, its
+p99 <= 200 ms and <= 4 us of collector CPU per event, WebSocket x1 >= 100k events/s.
 """
 
 from __future__ import annotations
@@ -55,11 +73,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import http.client
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -68,6 +88,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -111,6 +132,7 @@ from headwater.testing.load.requests import (
     with_guid,
 )
 from headwater.testing.load.websocket import RequestFrames, WsClient, WsLoad, open_websockets, pace
+from headwater.testing.ports import free_port
 
 if TYPE_CHECKING:
     from headwater.testing.kafka import KafkaCluster
@@ -133,6 +155,26 @@ TARGET_P95_MS = 20.0
 TARGET_IDLE_RSS_MB = 250.0  # the whole collector (all its processes), 10k idle connections
 PY_SPY_RATE = 100
 GRPC_ROLES = {"raw": "grpc-load", "aio": "grpc-aio-load"}  # --grpc-client: the load's role
+PARTITIONS = 2  # of the collector's topic, on the log and on Kafka (the buses' default)
+
+# the peer on Kafka (issue 37): Raccoon v0.3.0, started on the broker headwater's cases used
+RACCOON = "raccoon"  # LoadFigure.bus of its cases
+RACCOON_DEFAULT = Path("~/.cache/headwater/raccoon/raccoon-v0.3.0").expanduser()
+RACCOON_BUILD = (
+    "git clone --depth 1 --branch v0.3.0 https://github.com/raystack/raccoon && cd raccoon && "
+    "CGO_ENABLED=1 GOFLAGS=-mod=mod /usr/local/go/bin/go build "
+    "-o ~/.cache/headwater/raccoon/raccoon-v0.3.0 ."
+)
+RACCOON_TOPIC_PATTERN = "bench-raccoon-%s"  # %s: the event's type ("click": one topic)
+RACCOON_WORKERS = 50
+RACCOON_PPROF_PORT = 6060  # fixed in v0.3.0 (localhost); it exits when it cannot bind it
+RACCOON_IDENTITY = "bench-grpc"  # its gRPC calls must name a connection (x-user-id)
+RACCOON_START_S = 60.0
+
+TARGET_OVER_RACCOON = 1.0  # issue 37, on Kafka: WebSocket x100 events/s / Raccoon's
+TARGET_KAFKA_P99_MS = 200.0  # at 100 connections
+TARGET_KAFKA_US_PER_EVENT = 4.0  # collector CPU, WebSocket x100
+TARGET_KAFKA_WS1_EVENTS_S = 100_000.0
 
 
 # -- the load generators (clients: headwater.testing.load) ------------------------------------
@@ -227,7 +269,10 @@ async def role_rest_load(args: argparse.Namespace) -> None:
 
 async def role_grpc_load(args: argparse.Namespace) -> None:
     """The gRPC load: ``--connections`` concurrent unary calls on one HTTP/2 connection (as one
-    channel of a gRPC client carries them), each starting the next when it is answered."""
+    channel of a gRPC client carries them), each starting the next when it is answered;
+    ``--identity``: the ``x-user-id`` metadata of every call (Raccoon wants one)."""
+    from headwater.collector.http2 import literal
+
     template = request_template()
     stats = Stats()
     sending = False
@@ -244,10 +289,14 @@ async def role_grpc_load(args: argparse.Namespace) -> None:
         if sending and not conn.lost.done():
             start(slot)
 
+    def connection() -> GrpcConnection:
+        made = GrpcConnection(f"{HOST}:{args.port}", GRPC_METHOD, on_reply)
+        if args.identity:  # one more header in the block every call sends
+            made.block += literal(b"x-user-id", args.identity.encode())
+        return made
+
     loop = asyncio.get_running_loop()
-    _, conn = await loop.create_connection(
-        lambda: GrpcConnection(f"{HOST}:{args.port}", GRPC_METHOD, on_reply), HOST, args.port
-    )
+    _, conn = await loop.create_connection(connection, HOST, args.port)
     await asyncio.wait_for(conn.ready, 30)
     say({"ready": args.connections, "errors": [], "error_count": 0})
     await read_stdin_line()
@@ -269,6 +318,7 @@ async def role_grpc_aio_load(args: argparse.Namespace) -> None:
     template = request_template()
     stats = Stats()
     sending = True
+    metadata = (("x-user-id", args.identity),) if args.identity else None
 
     def same(data: bytes) -> bytes:
         return data
@@ -284,7 +334,7 @@ async def role_grpc_aio_load(args: argparse.Namespace) -> None:
                 stats.sent += 1
                 sent_at = time.perf_counter()
                 try:
-                    reply = await send(with_guid(template, guid), timeout=30)
+                    reply = await send(with_guid(template, guid), timeout=30, metadata=metadata)
                 except grpc.aio.AioRpcError as e:
                     stats.error(f"gRPC {e.code().name}: {e.details()}")
                     continue
@@ -531,18 +581,22 @@ def start_collector(
     return Collector(proc, ack, port, grpc_port, log, data_dir, "kafka", kafka.process.pid)
 
 
-def stop_collector(collector: Collector) -> None:
-    proc = collector.proc
+def stop_collector(collector: Collector, grace_s: float = 30.0) -> None:
+    end_child(collector.proc, "the collector", grace_s)
+    collector.log.close()
+    shutil.rmtree(collector.data_dir, ignore_errors=True)
+
+
+def end_child(proc: subprocess.Popen[bytes], name: str, grace_s: float) -> None:
+    """SIGTERM, ``grace_s`` to stop, then SIGKILL (its process group) and reap."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(30)
+            proc.wait(grace_s)
         except subprocess.TimeoutExpired:
-            progress("the collector did not stop within 30 s of SIGTERM: killed")
+            progress(f"{name} did not stop within {grace_s:.0f} s of SIGTERM: killed")
     kill(proc)
-    collector.log.close()
-    shutil.rmtree(collector.data_dir, ignore_errors=True)
 
 
 # -- results --------------------------------------------------------------------------------------
@@ -622,6 +676,24 @@ class ProfileFigure:
 
 
 @dataclass
+class RaccoonRun:
+    """The peer's part of a ``--bus kafka`` run: how Raccoon ran, or why it did not."""
+
+    binary: str | None
+    found: bool = False  # an executable at ``binary``
+    measured: bool = False
+    reason: str = ""  # why it was not measured (or stopped early)
+    version: str = ""  # as it logs itself at start ("" for a plain ``go build``)
+    topic: str = ""
+    partitions: int = PARTITIONS
+    environment: dict[str, str] = field(default_factory=dict)  # its configuration
+    ready_s: float = float("nan")  # from start to the first acked batch
+    skipped: list[str] = field(default_factory=list)  # cases it could not run, and why
+    log_errors: int = 0  # error (and worse) lines in its log
+    log_messages: list[tuple[str, int]] = field(default_factory=list)  # errors and warnings
+
+
+@dataclass
 class Run:
     args: argparse.Namespace
     directory: Path
@@ -638,6 +710,7 @@ class Run:
     notes: list[str] = field(default_factory=list)
     background_cores: float = float("nan")
     broker: dict[str, Any] | None = None  # --bus kafka: the broker's version, JVM, peak RSS
+    raccoon: RaccoonRun | None = None  # --bus kafka: the peer on the same broker
     steal: Steal = field(default_factory=Steal)
 
 
@@ -696,6 +769,8 @@ def drive(
     ) / (after.at - before.at)
     figure.gc_loop_cores = (gc_after["main_s"] - gc_before["main_s"]) / (after.at - before.at)
     figure.full_gcs_per_s = (gc_after["count"][2] - gc_before["count"][2]) / (after.at - before.at)
+    if collector.bus == RACCOON:  # one Go process: no event-loop thread, no Python GC
+        figure.loop_thread_cores = figure.gc_loop_cores = figure.full_gcs_per_s = float("nan")
     if figure.events_per_s > 0:
         figure.collector_us_per_event = figure.collector_cores / figure.events_per_s * 1e6
     figure.collector_rss_mb = after.rss_mb
@@ -767,6 +842,7 @@ def http_case(run: Run, collector: Collector, protocol: str) -> LoadFigure:
             "rest-load" if protocol == "REST" else GRPC_ROLES[run.args.grpc_client],
             port=collector.port if protocol == "REST" else collector.grpc_port,
             connections=HTTP_CONCURRENCY,
+            identity=RACCOON_IDENTITY if protocol == "gRPC" and collector.bus == RACCOON else None,
             warmup=min(1.0, run.warmup),
             duration=run.http_seconds,
             max_seconds=run.http_seconds + 120,
@@ -778,11 +854,15 @@ def http_case(run: Run, collector: Collector, protocol: str) -> LoadFigure:
 
 
 def report_progress(f: LoadFigure) -> None:
+    threads = (
+        ""
+        if f.bus == RACCOON
+        else f" (loop thread {f.loop_thread_cores:.2f}, of which GC {f.gc_loop_cores:.2f})"
+    )
     progress(
         f"  {f.case}: {fmt_number(f.events_per_s)} events/s, p50/p95/p99 "
-        f"{fmt_number(f.p50_ms)}/{fmt_number(f.p95_ms)}/{fmt_number(f.p99_ms)} ms, collector "
-        f"{f.collector_cores:.2f} cores (loop thread {f.loop_thread_cores:.2f}, of which GC "
-        f"{f.gc_loop_cores:.2f}), "
+        f"{fmt_number(f.p50_ms)}/{fmt_number(f.p95_ms)}/{fmt_number(f.p99_ms)} ms, "
+        f"{'Raccoon' if f.bus == RACCOON else 'collector'} {f.collector_cores:.2f} cores{threads}, "
         f"{fmt_number(f.collector_rss_mb)} MB; generator {f.generator_cores:.2f} cores "
         + ("" if f.bus == "embedded" else f"; broker {f.broker_cores:.2f} cores ")
         + f.note
@@ -1025,7 +1105,7 @@ def measure(run: Run) -> None:
 
     # (5) the raw log, first, while nothing else runs
     progress(f"raw log: the same records, {RAW_APPENDERS} asyncio appenders, durability always")
-    run.raw = raw_log_case(run, partitions=2)  # the collector's topic gets the default 2
+    run.raw = raw_log_case(run, partitions=PARTITIONS)  # as the collector's topic gets
     progress(f"  raw log: {fmt_number(run.raw.records_per_s)} records/s")
 
     # (1)-(3) durable: WebSocket, paced, REST, gRPC, then a profile when a target is missed
@@ -1071,6 +1151,7 @@ def compare_buses(run: Run) -> None:
                 stop_collector(collector)
             if broker is not None:
                 run.broker = broker_figures(broker)
+                raccoon_cases(run, broker)  # on the same broker, before it stops
 
 
 def bus_comparison(loads: Sequence[LoadFigure]) -> list[dict[str, Any]]:
@@ -1092,6 +1173,326 @@ def bus_comparison(loads: Sequence[LoadFigure]) -> list[dict[str, Any]]:
         }
         for e in loads
         if e.bus == "embedded" and (k := on_kafka.get(e.shape)) is not None
+    ]
+
+
+# -- the peer: Raccoon v0.3.0 on the same broker (issue 37) ---------------------------------------
+def default_raccoon() -> str | None:
+    """``$HEADWATER_RACCOON``, else the usual build's path when it is there."""
+    if path := os.environ.get("HEADWATER_RACCOON"):
+        return path
+    return str(RACCOON_DEFAULT) if RACCOON_DEFAULT.exists() else None
+
+
+def raccoon_missing(peer: RaccoonRun) -> str:
+    return (
+        f"Raccoon not measured: {peer.reason}; build it ({RACCOON_DEFAULT} is where the bench "
+        f"looks; elsewhere: --raccoon PATH or $HEADWATER_RACCOON): {RACCOON_BUILD}"
+    )
+
+
+def raccoon_cases(run: Run, kafka: KafkaCluster) -> None:
+    """Raccoon on ``kafka``'s broker, under the durable closed-loop cases headwater ran on it:
+    WebSocket at each connection count, REST, gRPC. A case it cannot run is skipped with why;
+    without the binary, or when it does not start, the run goes on without it."""
+    binary = run.args.raccoon
+    peer = run.raccoon = RaccoonRun(binary)
+    if not binary or not os.access(binary, os.X_OK) or not Path(binary).is_file():
+        peer.reason = f"no Raccoon executable at {binary or RACCOON_DEFAULT}"
+        progress(raccoon_missing(peer))
+        return
+    peer.found = True
+    if not port_free(RACCOON_PPROF_PORT):
+        peer.reason = (
+            f"port {RACCOON_PPROF_PORT} is taken: Raccoon v0.3.0 binds its pprof server to "
+            f"localhost:{RACCOON_PPROF_PORT}, which it cannot be told to move, and exits when "
+            "it cannot"
+        )
+        progress(f"Raccoon not measured: {peer.reason}")
+        return
+    progress(f"Raccoon ({binary}) on the same broker")
+    try:
+        peer.topic = RACCOON_TOPIC_PATTERN % "click"
+        create_topic(kafka, peer.topic, PARTITIONS)
+        raccoon = start_raccoon(run.directory, Path(binary), kafka, peer)
+    except (RuntimeError, OSError) as e:
+        peer.reason = f"it did not start: {e}"
+        progress(f"Raccoon not measured: {peer.reason}")
+        return
+    cases = [(f"WebSocket x{n}", partial(websocket_case, run, raccoon, n)) for n in run.connections]
+    cases += [(p, partial(http_case, run, raccoon, p)) for p in ("REST", "gRPC")]
+    try:
+        for name, case in cases:
+            if raccoon.proc.poll() is not None:
+                peer.reason = f"Raccoon exited (code {raccoon.proc.returncode}) before {name}"
+                progress(f"  {peer.reason}")
+                break
+            try:
+                figure = case()
+            except (RuntimeError, OSError, ValueError, KeyError, IndexError) as e:
+                peer.skipped.append(f"{name}: the case failed: {e}")
+                progress(f"  Raccoon {name} skipped: {e}")
+                continue
+            if not figure.events_per_s > 0:
+                peer.skipped.append(f"{name}: nothing acked: {figure.note or 'no answer'}")
+                progress(f"  Raccoon {name} skipped: nothing acked")
+                continue
+            run.loads.append(figure)
+            peer.measured = True
+    finally:
+        stop_raccoon(raccoon, peer)
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def create_topic(kafka: KafkaCluster, topic: str, partitions: int) -> None:
+    """``topic`` with ``partitions``, as headwater's topics get them, rather than left to the
+    broker's auto-creation (``num.partitions`` 1) on Raccoon's first message."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    new = NewTopic(topic, num_partitions=partitions, replication_factor=min(3, len(kafka.nodes)))
+    try:
+        admin.create_topics([new], operation_timeout=30)[topic].result(60)
+    except KafkaException as e:
+        if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise RuntimeError(f"creating topic {topic}: {e}") from None
+    except TimeoutError:
+        raise RuntimeError(f"creating topic {topic}: no answer within 60 s") from None
+
+
+def start_raccoon(
+    directory: Path, binary: Path, kafka: KafkaCluster, peer: RaccoonRun
+) -> Collector:
+    """``raccoon server`` on free ports, configured by its environment, its output in its log,
+    in its own process group; killed when this process ends (``setpriv --pdeathsig``), by the
+    watchdog, or by ``stop_raccoon``. Returned once a batch is acked."""
+    data_dir = Path(tempfile.mkdtemp(prefix="raccoon-", dir=directory))  # its cwd: no config.yaml
+    port = free_port(HOST)
+    grpc_port = free_port(HOST)
+    while grpc_port == port:
+        grpc_port = free_port(HOST)
+    peer.environment = {
+        "SERVER_WEBSOCKET_PORT": str(port),
+        "SERVER_GRPC_PORT": str(grpc_port),
+        "SERVER_WEBSOCKET_CONN_ID_HEADER": "X-User-ID",
+        "PUBLISHER_TYPE": "kafka",
+        "PUBLISHER_KAFKA_CLIENT_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+        "EVENT_ACK": "1",
+        "WORKER_POOL_SIZE": str(RACCOON_WORKERS),
+        "EVENT_DISTRIBUTION_PUBLISHER_PATTERN": RACCOON_TOPIC_PATTERN,
+    }
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **peer.environment}  # nothing else
+    command = [str(binary), "server"]
+    if setpriv := shutil.which("setpriv"):
+        command = [setpriv, "--pdeathsig", "KILL", "--", *command]  # the same pid, exec'd
+    log = open(data_dir / "raccoon.log", "w+b")  # noqa: SIM115 (closed in stop_raccoon)
+    proc = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=data_dir,
+        env=env,
+        start_new_session=True,
+    )
+    CHILDREN.append(proc)  # the watchdog ends it too
+    raccoon = Collector(proc, "durable", port, grpc_port, log, data_dir, RACCOON, kafka.process.pid)
+    try:
+        peer.ready_s = wait_raccoon(raccoon, RACCOON_START_S)
+    except RuntimeError as e:
+        log.seek(0)
+        tail = log.read().decode(errors="replace")[-600:]
+        stop_raccoon(raccoon, peer)
+        raise RuntimeError(f"{e}; its log ends: {tail}") from None
+    log.seek(0)
+    found = re.search(r'msg="Raccoon ([^"]*)"', log.read().decode(errors="replace"))
+    peer.version = found.group(1).strip() if found else ""
+    progress(
+        f"Raccoon {peer.version or '(its build logs no version)'} pid {proc.pid} on port {port}, "
+        f"gRPC {grpc_port}, topic {peer.topic}: a batch acked {peer.ready_s:.1f} s after start"
+    )
+    return raccoon
+
+
+def wait_raccoon(raccoon: Collector, timeout_s: float) -> float:
+    """Until ``GET /ping`` answers, the gRPC port accepts and a REST batch is acked (the way to
+    Kafka works): the seconds it took."""
+    started = time.monotonic()
+    template = request_template()
+    problem = "nothing yet"
+    while time.monotonic() - started < timeout_s:
+        if raccoon.proc.poll() is not None:
+            raise RuntimeError(f"Raccoon exited (code {raccoon.proc.returncode})")
+        try:
+            status, body = http_exchange(raccoon.port, "GET", "/ping", b"", {})
+            if status != 200:
+                problem = f"/ping: HTTP {status} {body[:80]!r}"
+            else:
+                socket.create_connection((HOST, raccoon.grpc_port), 5).close()
+                guid = Guids("bench-probe-").next()
+                headers = {"Content-Type": "application/proto", "X-User-ID": "bench-probe"}
+                body_out = with_guid(template, guid)
+                status, body = http_exchange(raccoon.port, "POST", PATH, body_out, headers)
+                problem = reply_problem(body, guid) or ("" if status == 200 else f"HTTP {status}")
+                if not problem:
+                    time.sleep(0.5)  # a service that failed to bind (pprof) ends it by now
+                    if raccoon.proc.poll() is None:
+                        return time.monotonic() - started
+                    problem = "exited after its first batch"
+        except (OSError, http.client.HTTPException) as e:
+            problem = f"{type(e).__name__}: {e}"
+        time.sleep(0.2)
+    raise RuntimeError(f"Raccoon not ready within {timeout_s:.0f} s: {problem}")
+
+
+def http_exchange(
+    port: int, method: str, path: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection(HOST, port, timeout=10)
+    try:
+        connection.request(method, path, body, headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+# logrus's text lines (a message quoted when it needs to be) and librdkafka's own
+LOG_LINE = re.compile(r'level=(warning|error|fatal|panic) msg=(?:"((?:[^"\\]|\\.)*)"|(\S+))')
+RDKAFKA_LINE = re.compile(r"^%(\d)\|[\d.]+\|([^|]+)\|[^|]*\|\s*(.*)$")
+# numbers inside a token (connection ids, addresses, ports), masked to count alike messages
+# together; a number on its own (a close code) is kept
+IN_TOKEN_NUMBER = re.compile(r"(?<=[A-Za-z.:/-])\d+|\d++(?=[A-Za-z.:/-])")
+
+
+def stop_raccoon(raccoon: Collector, peer: RaccoonRun) -> None:
+    """SIGTERM (it closes its servers and flushes its producer), then SIGKILL; what its log said
+    goes into ``peer``."""
+    end_child(raccoon.proc, "Raccoon", 15.0)
+    raccoon.log.seek(0)
+    read_raccoon_log(raccoon.log.read().decode(errors="replace"), peer)
+    raccoon.log.close()
+    shutil.rmtree(raccoon.data_dir, ignore_errors=True)
+
+
+def read_raccoon_log(text: str, peer: RaccoonRun) -> None:
+    """Its errors and warnings (logrus lines, librdkafka's, the client events its publisher
+    prints, a Go panic), counted by message with the ids and addresses in it masked."""
+    counts: Counter[str] = Counter()
+    for line in text.splitlines():
+        if found := LOG_LINE.search(line):
+            level, message = found.group(1), found.group(2) or found.group(3)
+        elif found := RDKAFKA_LINE.match(line):
+            severity, tag, message = found.groups()
+            if int(severity) > 4:
+                continue
+            level, message = ("error" if int(severity) <= 3 else "warning"), f"{tag}: {message}"
+        elif line.startswith(("panic:", "fatal error:")):
+            level, message = "panic", line
+        elif line.startswith("Ignored "):  # a librdkafka event its publisher printed and dropped
+            level, message = "warning", line
+        else:
+            continue
+        if level != "warning":
+            peer.log_errors += 1
+        counts[f"{level}: {IN_TOKEN_NUMBER.sub('#', message)[:160]}"] += 1
+    peer.log_messages = counts.most_common(6)
+
+
+def raccoon_comparison(loads: Sequence[LoadFigure]) -> list[dict[str, Any]]:
+    """Each case measured on headwater on Kafka and on Raccoon: events/s and the ratio
+    headwater / Raccoon, p99s, collector CPU per event, the broker's cores."""
+    on_kafka = {f.shape: f for f in loads if f.bus == "kafka"}
+    return [
+        {
+            "case": r.shape,
+            "headwater_events_per_s": h.events_per_s,
+            "raccoon_events_per_s": r.events_per_s,
+            "headwater_over_raccoon": (
+                h.events_per_s / r.events_per_s if r.events_per_s > 0 else float("nan")
+            ),
+            "headwater_p99_ms": h.p99_ms,
+            "raccoon_p99_ms": r.p99_ms,
+            "headwater_us_per_event": h.collector_us_per_event,
+            "raccoon_us_per_event": r.collector_us_per_event,
+            "headwater_rss_mb": h.collector_rss_mb,
+            "raccoon_rss_mb": r.collector_rss_mb,
+            "headwater_broker_cores": h.broker_cores,
+            "raccoon_broker_cores": r.broker_cores,
+        }
+        for r in loads
+        if r.bus == RACCOON and (h := on_kafka.get(r.shape)) is not None
+    ]
+
+
+def raccoon_targets(loads: Sequence[LoadFigure], peer: RaccoonRun | None) -> list[Target]:
+    """Issue 37's targets for headwater on Kafka (closed loop, ack: durable)."""
+
+    def closed(bus: str, protocol: str, connections: int) -> LoadFigure | None:
+        return next(
+            (
+                f
+                for f in loads
+                if f.bus == bus
+                and f.protocol == protocol
+                and f.connections == connections
+                and f.load == "closed"
+            ),
+            None,
+        )
+
+    nan = float("nan")
+    ws100, ws1 = closed("kafka", "WebSocket", 100), closed("kafka", "WebSocket", 1)
+    theirs = closed(RACCOON, "WebSocket", 100)
+    ratio, detail = nan, "Raccoon not measured"
+    if peer is not None and peer.reason and theirs is None:
+        detail += f": {peer.reason}"
+    if ws100 is not None and theirs is not None and theirs.events_per_s > 0:
+        ratio = ws100.events_per_s / theirs.events_per_s
+        detail = (
+            f"headwater {fmt_number(ws100.events_per_s)} vs Raccoon "
+            f"{fmt_number(theirs.events_per_s)} events/s, same broker, same load"
+        )
+    return [
+        Target(
+            "WebSocket x100 events/s on Kafka / Raccoon v0.3.0's",
+            ratio,
+            TARGET_OVER_RACCOON,
+            "x",
+            detail,
+        ),
+        Target(
+            "p99 ack latency, WebSocket x100 on Kafka",
+            ws100.p99_ms if ws100 else nan,
+            TARGET_KAFKA_P99_MS,
+            "ms",
+            "closed loop, 4 requests in flight per connection",
+            higher_is_better=False,
+        ),
+        Target(
+            "collector CPU per event, WebSocket x100 on Kafka",
+            ws100.collector_us_per_event if ws100 else nan,
+            TARGET_KAFKA_US_PER_EVENT,
+            "us",
+            "all the collector's processes and threads",
+            higher_is_better=False,
+        ),
+        Target(
+            "WebSocket x1 events/s on Kafka",
+            ws1.events_per_s if ws1 else nan,
+            TARGET_KAFKA_WS1_EVENTS_S,
+            "events/s",
+            "closed loop, 4 requests in flight",
+        ),
     ]
 
 
@@ -1195,6 +1596,8 @@ def report(run: Run, markdown: bool = False) -> str:
     out += [f"  {f.case}: {f.note}" for f in run.loads if f.note]
     if run.broker is not None:
         out += ["", *comparison_lines(run.broker, run.loads, markdown)]
+    if run.raccoon is not None:
+        out += ["", *raccoon_lines(run.raccoon, run.loads, markdown)]
     if run.raw is not None:
         raw = run.raw
         durable = [
@@ -1257,6 +1660,42 @@ def comparison_lines(
     ]
 
 
+def raccoon_lines(peer: RaccoonRun, loads: Sequence[LoadFigure], markdown: bool) -> list[str]:
+    """The table of the cases measured on headwater on Kafka and on Raccoon, or why Raccoon was
+    not measured; the cases it skipped, what its log said."""
+    if not peer.found:
+        return [raccoon_missing(peer)]
+    rows: list[list[object]] = [
+        [_ratio(v) if k == "headwater_over_raccoon" else v for k, v in c.items()]
+        for c in raccoon_comparison(loads)
+    ]
+    if not rows:
+        out = [f"Raccoon not measured: {peer.reason or 'no case ran'}"]
+    else:
+        headers = ["case (ack: durable)", "headwater events/s", "Raccoon events/s"]
+        headers += ["headwater / Raccoon", "headwater p99 ms", "Raccoon p99 ms"]
+        headers += ["headwater us CPU/event", "Raccoon us CPU/event", "headwater RSS MB"]
+        headers += ["Raccoon RSS MB", "broker cores, headwater", "broker cores, Raccoon"]
+        out = [
+            f"headwater on Kafka vs Raccoon {peer.version or '(its build logs no version)'} at "
+            f"{peer.binary}, on "
+            "the same broker, same load, same run: Raccoon one Go process (CPU: all its "
+            "threads), EVENT_ACK=1 (acked after Kafka's delivery report, librdkafka acks=all), "
+            f"{RACCOON_WORKERS} publishing workers, topic {peer.topic} of {peer.partitions} "
+            f"partitions created beforehand; a first batch acked {peer.ready_s:.1f} s after its "
+            "start:",
+            print_table(headers, rows, markdown=markdown),
+        ]
+        if peer.reason:
+            out.append(f"  {peer.reason}")
+    out += [f"  Raccoon {s}" for s in peer.skipped]
+    out.append(
+        f"  Raccoon's log: {peer.log_errors} error lines" + (":" if peer.log_messages else "")
+    )
+    out += [f"    {n:,}x {message}" for message, n in peer.log_messages]
+    return out
+
+
 def _ratio(value: float) -> str:
     return "-" if value != value else f"{value:.2f}x"
 
@@ -1308,6 +1747,11 @@ def to_json(run: Run) -> dict[str, Any]:
             if run.broker is not None
             else {}
         ),
+        **(
+            {"raccoon": asdict(run.raccoon), "raccoon_comparison": raccoon_comparison(run.loads)}
+            if run.raccoon is not None
+            else {}
+        ),
     }
 
 
@@ -1328,7 +1772,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=("embedded", "kafka"),
         default="embedded",
         help="kafka: the durable closed-loop cases on an Apache Kafka broker (acks=all) and, in "
-        "the same run, on the embedded log, compared (nothing else)",
+        "the same run, on the embedded log and on Raccoon (--raccoon) on the same broker, "
+        "compared (nothing else)",
+    )
+    parser.add_argument(
+        "--raccoon",
+        metavar="PATH",
+        default=default_raccoon(),
+        help="with --bus kafka, the Raccoon v0.3.0 executable to measure on the same broker "
+        f"(default $HEADWATER_RACCOON, else {RACCOON_DEFAULT} if it exists)",
     )
     parser.add_argument(
         "--grpc-client",
@@ -1348,6 +1800,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--connections", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--source", help=argparse.SUPPRESS)
+    parser.add_argument("--identity", help=argparse.SUPPRESS)
     parser.add_argument("--warmup", type=float, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--duration", type=float, default=10, help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, default=0, help=argparse.SUPPRESS)
@@ -1419,7 +1872,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from headwater.testing.kafka import broker_jars
 
         broker_jars()  # fetched from Maven Central the first time: not under the time limit
-    watchdog((110 if args.quick else 330) + (60 if kafka else 0))  # a broker to start
+    peer_s = (60 if args.quick else 120) if kafka and args.raccoon else 0  # Raccoon's cases
+    watchdog((110 if args.quick else 330) + (60 if kafka else 0) + peer_s)  # a broker to start
     fds = raise_fd_limit()
     if fds < IDLE_CONNECTIONS + 2_000:
         progress(f"open-file limit {fds}: too low for {IDLE_CONNECTIONS:,} idle connections")
@@ -1440,6 +1894,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 measure(run)
             run.targets += targets(run.loads, run.idle)
+            if kafka:
+                run.targets += raccoon_targets(run.loads, run.raccoon)
     finally:
         for proc in CHILDREN:
             if proc.poll() is None:

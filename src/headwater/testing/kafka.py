@@ -298,8 +298,7 @@ def _format(node: KafkaNode, jars: list[Path], cluster_id: str) -> subprocess.Po
         *_java_command(node, jars, ("-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")),
         "kafka.tools.StorageTool",
         "format",
-        "-t",
-        cluster_id,
+        f"--cluster-id={cluster_id}",  # one argument: an id may start with "-"
         "-c",
         str(node.directory / "server.properties"),
     ]
