@@ -256,18 +256,31 @@ def test_consumer_of_an_unknown_topic(kafka_bus: KafkaBus) -> None:
         kafka_bus.consumer(name("writer"), [name("missing")])
 
 
+# Each producer's settings for a short delivery timeout (and, for librdkafka, a queue of 3)
+SHORT_TIMEOUT = {
+    "headwater": {"delivery_timeout_s": 1.5},
+    "librdkafka": {"producer": {"message.timeout.ms": 1500, "queue.buffering.max.messages": 3}},
+}
+LONG_TIMEOUT = {
+    "headwater": {"delivery_timeout_s": 120},
+    "librdkafka": {"producer": {"message.timeout.ms": 120_000}},
+}
+
+
 @pytest.mark.kafka
-def test_append_fails_its_future_when_the_broker_is_gone() -> None:
+@pytest.mark.parametrize("client", ["headwater", "librdkafka"])
+def test_append_fails_its_future_when_the_broker_is_gone(client: str) -> None:
     with start_kafka() as broker:
-        producer = {"message.timeout.ms": 1500, "queue.buffering.max.messages": 3}
-        config = kafka_config(broker.bootstrap_servers, producer=producer, timeout_s=3.0)
+        config = kafka_config(
+            broker.bootstrap_servers, producer_client=client, timeout_s=3.0, **SHORT_TIMEOUT[client]
+        )
         bus = open_bus(config)
         topic = name("outage")
         bus.create_topic(topic, partitions=1)
         bus.append(topic, [Message(b"before")]).result(WAIT_S)
         broker.process.kill()
         broker.process.wait()
-        # More than the producer queue holds: the append waits for room, then gives up.
+        # (librdkafka: more than its queue holds, so the append waits for room, then gives up)
         future = bus.append(topic, [Message(b"during %d" % i) for i in range(5)])
         error = future.exception(timeout=WAIT_S)
         assert isinstance(error, BusUnavailable)
@@ -277,10 +290,11 @@ def test_append_fails_its_future_when_the_broker_is_gone() -> None:
 
 
 @pytest.mark.kafka
-def test_close_fails_what_the_broker_never_acknowledged() -> None:
+@pytest.mark.parametrize("client", ["headwater", "librdkafka"])
+def test_close_fails_what_the_broker_never_acknowledged(client: str) -> None:
     with start_kafka() as broker:
         config = kafka_config(
-            broker.bootstrap_servers, producer={"message.timeout.ms": 120_000}, timeout_s=1.0
+            broker.bootstrap_servers, producer_client=client, timeout_s=1.0, **LONG_TIMEOUT[client]
         )
         bus = open_bus(config)
         topic = name("unacked")

@@ -45,7 +45,7 @@ def open_kafka(cluster: KafkaCluster, message_timeout_ms: int = 30_000) -> Kafka
                     "bootstrap_servers": cluster.bootstrap_servers,
                     "replication_factor": 3,
                     "timeout_s": 30.0,
-                    "producer": {"message.timeout.ms": message_timeout_ms},
+                    "delivery_timeout_s": message_timeout_ms / 1000,
                 },
             }
         }

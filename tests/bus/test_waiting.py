@@ -1,7 +1,7 @@
 """Appends that wait on a full write queue (``headwater.bus.waiting``), on both backends.
 
 Each test opens the bus with a write queue small enough to fill in a moment: the embedded log's
-``max_pending_bytes``, or the Kafka producer's ``queue.buffering.max.messages``.
+``max_pending_bytes``, or the Kafka producer's buffer (``buffer_bytes``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def small_queue(backend: str) -> dict[str, Any]:
     """Settings of ``backend``'s section that make its write queue hold about three batches."""
     if backend == "embedded":
         return {"durability": "always", "max_pending_bytes": 3 * PER_BATCH * 120}
-    return {"producer": {"queue.buffering.max.messages": 3 * PER_BATCH}}
+    return {"buffer_bytes": 3 * PER_BATCH * 140}  # a record's bytes, as the producer counts
 
 
 def batch(n: int) -> list[Message]:

@@ -15,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 from itertools import groupby
+from typing import NamedTuple
 
 from headwater.bus import context
 from headwater.bus.embedded import format as fmt
 from headwater.bus.headers import pack as pack_headers
 from headwater.bus.headers import pack_header
+from headwater.bus.records import Header, Message
 from headwater.bus.validation import validate_batch
 from headwater.collector.events import EventIn, RequestContext, to_messages, uuid7_batch
 
@@ -31,20 +33,28 @@ def unkeyed(events: Sequence[EventIn]) -> bool:
     return all(e.key is None for e in events)
 
 
-def encode_events(
+class Prepared(NamedTuple):
+    """A request's events checked for the log: their values, ids, and runs of one
+    (type, content type) with their lengths."""
+
+    values: tuple[bytes, ...]
+    ids: Sequence[bytes]
+    runs: list[tuple[tuple[str, str], int]]
+    shared: tuple[Header, ...]
+
+
+def prepare(
     events: Sequence[EventIn],
     ctx: RequestContext,
     max_record_bytes: int,
     topic: str,
-    *,
     ids: Sequence[bytes] | None = None,
-) -> fmt.EncodedBatch:
-    """The encoded batch body of ``events`` (none with a key), stamped ``ctx.received_ms``.
+) -> Prepared:
+    """Check ``events`` (none with a key) as ``validate_batch`` would check their messages,
+    in bulk, and give them ids (``ids``, 36 bytes each, or new UUIDv7s).
 
-    Raises as ``validate_batch`` would for their messages (``InvalidArgument`` for a value
-    that is not bytes, ``RecordTooLarge`` with its ``index`` and ``size``; ``topic`` is for
-    the messages). ``ids`` are the event ids to use (36 bytes each); by default new UUIDv7s
-    (``uuid7_batch``)."""
+    Raises ``InvalidArgument`` for a value that is not bytes, ``RecordTooLarge`` with its
+    ``index`` and ``size`` (a record's size is the bus's: key + value + packed headers)."""
     n = len(events)
     if not n:
         raise ValueError("no events to encode")
@@ -62,19 +72,10 @@ def encode_events(
             (kind, len(list(group)))
             for kind, group in groupby(zip(types, content_types, strict=True))
         ]
-    shared = pack_headers(ctx.shared_headers())
+    shared = ctx.shared_headers()
+    shared_size = len(pack_headers(shared))
+    largest_headers = max(len(_prefix(*kind)) for kind, _ in runs) + ID_SIZE + shared_size
     ts = ctx.received_ms
-    blobs: list[bytes] = []
-    lens: list[bytes] = []
-    largest_headers = start = 0
-    for (event_type, content_type), count in runs:
-        prefix = _prefix(event_type, content_type)
-        size = len(prefix) + ID_SIZE + len(shared)  # every record of the run
-        largest_headers = max(largest_headers, size)
-        run = ids if count == n else ids[start : start + count]
-        blobs.append(b"".join((prefix, (shared + prefix).join(run), shared)))
-        lens.append(fmt.repeat_u32(size, count))
-        start += count
     if not (
         set(map(type, values)) == {bytes}
         and type(ts) is int
@@ -82,6 +83,32 @@ def encode_events(
         and max(map(len, values)) + largest_headers <= max_record_bytes
     ):  # a bound on every record's size failed: check them one by one, as the bus would
         validate_batch(topic, to_messages(events, ctx, ids=ids), max_record_bytes)
+    return Prepared(values, ids, runs, shared)
+
+
+def encode_events(
+    events: Sequence[EventIn],
+    ctx: RequestContext,
+    max_record_bytes: int,
+    topic: str,
+    *,
+    ids: Sequence[bytes] | None = None,
+) -> fmt.EncodedBatch:
+    """The encoded batch body of ``events`` (none with a key), stamped ``ctx.received_ms``,
+    after ``prepare``'s checks."""
+    values, ids, runs, shared_headers = prepare(events, ctx, max_record_bytes, topic, ids)
+    n = len(values)
+    shared = pack_headers(shared_headers)
+    ts = ctx.received_ms
+    blobs: list[bytes] = []
+    lens: list[bytes] = []
+    start = 0
+    for (event_type, content_type), count in runs:
+        prefix = _prefix(event_type, content_type)
+        run = ids if count == n else ids[start : start + count]
+        blobs.append(b"".join((prefix, (shared + prefix).join(run), shared)))
+        lens.append(fmt.repeat_u32(len(prefix) + ID_SIZE + len(shared), count))
+        start += count
     body = fmt.encode_body(
         fmt.contiguous_deltas(n),
         fmt.repeat_i64(ts, n),
@@ -93,6 +120,29 @@ def encode_events(
         blobs,
     )
     return fmt.EncodedBatch(body, fmt.crc32(body), n, n - 1, ts, ts)
+
+
+class EmbeddedEncoding:
+    """How the sinks that append to the embedded log encode (``collector.publisher.LogSink``):
+    a request's unkeyed events as one batch body, keyed messages with ``format.encode``."""
+
+    @staticmethod
+    def encode_events(
+        events: Sequence[EventIn], ctx: RequestContext, max_record_bytes: int, topic: str
+    ) -> list[tuple[int | None, fmt.EncodedBatch]]:
+        return [(None, encode_events(events, ctx, max_record_bytes, topic))]
+
+    @staticmethod
+    def encode_messages(messages: Sequence[Message], now_ms: int) -> fmt.EncodedBatch:
+        return fmt.encode(messages, now_ms)
+
+    @staticmethod
+    def size(batch: fmt.EncodedBatch) -> int:
+        return len(batch.body)
+
+    async def finish(self) -> None:
+        """Nothing to wait for: every append is answered as the log makes it durable, and the
+        requests waiting on them are over when the collector stops."""
 
 
 @lru_cache(maxsize=1024)

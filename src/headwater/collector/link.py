@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from headwater.bus.embedded import format as fmt
 from headwater.bus.errors import BusError, BusUnavailable, InvalidArgument
 from headwater.collector import wire
+from headwater.collector.batch import EmbeddedEncoding
 from headwater.collector.memory import trim_heap
 from headwater.collector.ring import Ring
 
@@ -83,7 +84,7 @@ class LinkClosed(BusUnavailable):
     """The process that holds the log is gone."""
 
 
-class Link(asyncio.Protocol):
+class Link(EmbeddedEncoding, asyncio.Protocol):
     def __init__(
         self,
         snapshot: Callable[[], list[Any]],

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from headwater.bus.embedded import format as fmt
 from headwater.bus.embedded.writer import Finish, Parts
+from headwater.collector.batch import EmbeddedEncoding
 
 if TYPE_CHECKING:
     from headwater.bus.embedded.backend import EmbeddedBus
@@ -53,7 +54,7 @@ def _resolve(
             future.set_result(bases)
 
 
-class LocalSink:
+class LocalSink(EmbeddedEncoding):
     """A ``LogSink`` over an ``EmbeddedBus`` open in this process."""
 
     def __init__(self, bus: EmbeddedBus) -> None:

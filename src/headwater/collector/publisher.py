@@ -7,10 +7,12 @@ once and counts any later failure. When the log cannot take the events (its writ
 it failed, or an admission budget is exceeded) the request is refused with a retry-after;
 nothing is acked that was not stored.
 
-On the embedded log a request's events go straight into the log's columnar batch
-(``collector.batch``: no bus ``Message`` per event), appended by a ``LogSink``: the log in this
-process, or, in an intake worker, the link to the process that holds it. On Kafka each event is
-a message for the producer.
+A request's events go straight into the log's own encoding, with no bus ``Message`` per event,
+and are appended by a ``LogSink``: on the embedded log the columnar batch (``collector.batch``)
+for the log in this process (``collector.local``) or, in an intake worker, for the link to the
+process that holds it (``collector.link``); on Kafka, records for headwater's own producer
+(``collector.kafka_sink``). With ``bus.kafka.producer_client: librdkafka`` each event is a
+message for the bus's producer.
 """
 
 from __future__ import annotations
@@ -20,16 +22,14 @@ import logging
 import time
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import Future
-from typing import Protocol
+from typing import Any, Protocol
 
 from headwater.bus.base import Bus
-from headwater.bus.embedded import format as fmt
 from headwater.bus.errors import BusError, BusUnavailable, InvalidArgument, RecordTooLarge
 from headwater.bus.partitioner import Partitioner
 from headwater.bus.records import Message, Position
 from headwater.bus.validation import validate_batch
 from headwater.collector.admission import Admission
-from headwater.collector.batch import encode_events
 from headwater.collector.errors import Rejected, bad_request, too_large, unavailable
 from headwater.collector.events import EventIn, RequestContext, to_messages
 from headwater.collector.metrics import Metrics, TypeCounts, type_counts
@@ -38,11 +38,31 @@ from headwater.collector.routing import Router
 log = logging.getLogger(__name__)
 
 
-Encoded = list[tuple[str, int | None, fmt.EncodedBatch]]
+Encoded = list[tuple[str, int | None, Any]]
 
 
 class LogSink(Protocol):
-    """Where encoded batches go: ``(topic, partition or None for the next in turn, batch)``."""
+    """Where encoded batches go: ``(topic, partition or None for the next in turn, batch)``,
+    each batch in the sink's own encoding."""
+
+    def encode_events(
+        self, events: Sequence[EventIn], ctx: RequestContext, max_record_bytes: int, topic: str
+    ) -> list[tuple[int | None, Any]]:
+        """A request's unkeyed events for ``topic`` (``RecordTooLarge``, ``InvalidArgument``
+        as ``validate_batch``)."""
+        ...
+
+    def encode_messages(self, messages: Sequence[Message], now_ms: int) -> Any:
+        """Validated messages for one partition."""
+        ...
+
+    def size(self, batch: Any) -> int:
+        """A batch's bytes, as ``room`` counts them."""
+        ...
+
+    async def finish(self) -> None:
+        """Wait for what was appended, then let go (the collector is stopping)."""
+        ...
 
     def append(self, batches: Encoded) -> Awaitable[list[int]]:
         """Queue all or none now (or raise ``BusUnavailable``); the base offsets once
@@ -75,10 +95,8 @@ class Publisher:
         self.admission = admission
         self.metrics = metrics
         self.retry_after_s = retry_after_s
-        if sink is None and bus is not None and hasattr(bus, "append_encoded"):
-            from headwater.collector.local import LocalSink
-
-            sink = LocalSink(bus)  # type: ignore[arg-type]
+        if sink is None and bus is not None:
+            sink = _sink_for(bus)
         self.sink = sink
         self._partitioner = Partitioner()
         self._pending: set[asyncio.Task[None]] = set()  # received-mode appends
@@ -117,9 +135,12 @@ class Publisher:
         for topic, evs in by_topic.items():
             try:
                 if all(e.key is None for e in evs):
-                    batches.append(
-                        (topic, None, encode_events(evs, ctx, self.max_record_bytes, topic))
-                    )
+                    batches += [
+                        (topic, partition, batch)
+                        for partition, batch in sink.encode_events(
+                            evs, ctx, self.max_record_bytes, topic
+                        )
+                    ]
                 else:
                     batches += await self._keyed(sink, topic, evs, ctx)
             except (RecordTooLarge, InvalidArgument) as e:
@@ -153,13 +174,14 @@ class Publisher:
         validate_batch(topic, messages, self.max_record_bytes)
         groups = self._partitioner.split(topic, await sink.partitions(topic), messages)
         return [
-            (topic, p, fmt.encode([messages[i] for i in idx], now_ms)) for p, idx in groups.items()
+            (topic, p, sink.encode_messages([messages[i] for i in idx], now_ms))
+            for p, idx in groups.items()
         ]
 
     async def _queue(self, sink: LogSink, batches: Encoded) -> Awaitable[list[int]]:
         """Queue ``batches`` once the sink has room for them; their answer to await."""
         try:
-            await sink.room(sum(len(b.body) for _, _, b in batches))
+            await sink.room(sum(sink.size(b) for _, _, b in batches))
             self.admission.check()
             return sink.append(batches)
         except BusUnavailable as e:
@@ -231,8 +253,29 @@ class Publisher:
                 f"the log cannot take events now: {e.message}", self.retry_after_s
             ) from None
 
+    async def finish(self) -> None:
+        """Wait for the appends acked on receipt, then for the sink's (the collector is
+        stopping and has answered its last request)."""
+        if self._pending:
+            await asyncio.wait(list(self._pending))
+        if self.sink is not None:
+            await self.sink.finish()
+
     def _after_received_ack(self, future: Future[Sequence[Position]]) -> None:
         error = future.exception()
         if error is not None:
             self.metrics.lost_after_ack()
             log.error("events acked on receipt were not stored: %s", error)
+
+
+def _sink_for(bus: Bus) -> LogSink | None:
+    """The sink a bus open in this process takes encoded batches through, if it has one."""
+    if hasattr(bus, "append_encoded"):
+        from headwater.collector.local import LocalSink
+
+        return LocalSink(bus)  # type: ignore[arg-type]
+    if bus.backend == "kafka":
+        from headwater.collector.kafka_sink import sink_for
+
+        return sink_for(bus)
+    return None

@@ -292,6 +292,7 @@ class CollectorServer:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        await collector.publisher.finish()  # what was appended reaches the log
         if self._statsd is not None:
             self._statsd.flush((collector.config.statsd.host, collector.config.statsd.port))  # type: ignore[union-attr]
             self._statsd.close()

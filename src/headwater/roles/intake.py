@@ -58,7 +58,7 @@ async def _serve(
 ) -> None:
     from headwater.bus import open_bus
     from headwater.collector.link import Link
-    from headwater.collector.memory import trim_heap
+    from headwater.collector.memory import pace_gc, trim_heap
     from headwater.collector.metrics import Metrics
     from headwater.collector.ring import Ring
     from headwater.collector.server import CollectorServer
@@ -87,6 +87,7 @@ async def _serve(
             on_hangup(server.reload_tls)
         gc.collect()
         gc.freeze()  # what start-up made stays out of the collector's walks
+        pace_gc()  # see collector.memory
         trim_heap()
         link.ready()
         closed = asyncio.ensure_future(link.closed.wait())

@@ -1,7 +1,10 @@
-"""The Kafka backend of the bus, on confluent-kafka (``bus.backend: kafka``).
+"""The Kafka backend of the bus (``bus.backend: kafka``).
 
 Appends are produced with ``acks=all`` and idempotence, so an append's future resolves only once
-every in-sync replica has the batch, and retries never duplicate or reorder records. headwater
+every in-sync replica has the batch, and retries never duplicate or reorder records. They go
+through headwater's own producer (``bus.kafka.sender``, on a thread of its own:
+``bus.kafka.threaded``), or, with ``producer_client: librdkafka``, through confluent-kafka's
+(``bus.kafka.producer``); reading, groups and admin are confluent-kafka's. headwater
 chooses the partition itself (CRC-32 of the key, as the embedded log does), so a key lands on the
 same partition number on both backends. ``read`` and ``watermarks`` use a consumer with assigned
 partitions that never joins a group; group offsets are read and set through the admin API.
@@ -9,6 +12,7 @@ partitions that never joins a group; group offsets are read and set through the 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -39,6 +43,7 @@ from headwater.bus.kafka.config import KafkaBusConfig
 from headwater.bus.kafka.consumer import PARTITION_EOF, KafkaConsumer, record_size, to_record
 from headwater.bus.kafka.errors import classify
 from headwater.bus.kafka.producer import DeliveryProducer, Send
+from headwater.bus.kafka.threaded import ThreadedSender
 from headwater.bus.names import check_topic_name
 from headwater.bus.partitioner import Partitioner
 from headwater.bus.records import CompactionResult, Message, Position, Record, TopicInfo
@@ -67,7 +72,7 @@ class KafkaBus(Bus):
         self._partitioner = Partitioner()
         self._lock = threading.Lock()
         self._reader_lock = threading.Lock()
-        self._producer: DeliveryProducer | None = None
+        self._producer: DeliveryProducer | ThreadedSender | None = None
         self._reader: Any = None
         self._partitions: dict[str, tuple[int, float]] = {}
         self._consumers: set[KafkaConsumer] = set()
@@ -78,6 +83,10 @@ class KafkaBus(Bus):
         """The bus of ``config.bus.kafka``. ``read_only`` refuses creating topics, appending and
         committing (Kafka has no lock to skip)."""
         return cls(config.bus.kafka, read_only=read_only)
+
+    @property
+    def config(self) -> KafkaBusConfig:
+        return self._config
 
     # -- topics ---------------------------------------------------------------------------
     def create_topic(
@@ -145,6 +154,11 @@ class KafkaBus(Bus):
             partitions = self._partition_count(topic, create=self._config.auto_create_topics)
             sends.append((topic, messages, self._partitioner.split(topic, partitions, messages)))
         return self._delivery().send_all(sends)
+
+    def partitions_for_append(self, topic: str) -> int:
+        """How many partitions ``topic`` has, creating it as an append would."""
+        self._check_writable()
+        return self._partition_count(topic, create=self._config.auto_create_topics)
 
     def wait_for_room(self, refused: QueueFull, timeout: float) -> bool:
         return self._delivery().wait_for_room(refused.needed, timeout)
@@ -407,7 +421,7 @@ class KafkaBus(Bus):
             time.sleep(delay)  # back off between metadata requests, bounded by the deadline
             delay = min(delay * 2, 0.5)
 
-    def _delivery(self) -> DeliveryProducer:
+    def _delivery(self) -> DeliveryProducer | ThreadedSender:
         with self._lock:
             self._check_open()
             broken = self._producer
@@ -415,7 +429,11 @@ class KafkaBus(Bus):
                 self._producer = None
                 broken.close(0)  # its messages have failed already; start a fresh producer
             if self._producer is None:
-                self._producer = DeliveryProducer(producer_settings(self._config), self._timeout)
+                if self._config.producer_client == "headwater":
+                    self._producer = ThreadedSender(self._config, f"headwater-{os.getpid()}")
+                else:
+                    settings = producer_settings(self._config)
+                    self._producer = DeliveryProducer(settings, self._timeout)
             return self._producer
 
     def _reader_client(self) -> Any:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from headwater.config.base import Section
 
@@ -39,5 +41,46 @@ class KafkaBusConfig(Section):
         "with: kafka.security.protocol, kafka.sasl.jaas.config, ... (Java client names).",
     )
     timeout_s: float = Field(
-        30.0, gt=0, description="Timeout of admin and metadata requests, in seconds."
+        30.0, gt=0, description="Timeout of admin, metadata and produce requests, in seconds."
     )
+    producer_client: Literal["headwater", "librdkafka"] = Field(
+        "headwater",
+        description="What the collector appends with: headwater's own producer (a request's "
+        "events in one call and one answer; PLAINTEXT only) or librdkafka (confluent-kafka, "
+        "which also speaks TLS and SASL through `client`). Other roles use librdkafka.",
+    )
+    delivery_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="headwater's producer: how long an append may take, retries included, "
+        "before it fails (the client is not acked and sends again).",
+    )
+    max_in_flight: int = Field(
+        2,
+        ge=1,
+        le=5,
+        description="headwater's producer: produce requests in flight per broker connection "
+        "(fewer: larger batches; idempotence keeps order up to 5).",
+    )
+    batch_bytes: int = Field(
+        1_000_000,
+        ge=16_384,
+        description="headwater's producer: the largest record batch it makes per partition "
+        "(keep below the topic's max.message.bytes).",
+    )
+    buffer_bytes: int = Field(
+        64 << 20,
+        ge=16_384,
+        description="headwater's producer: unacknowledged bytes it holds before requests wait "
+        "for room (then 503 with Retry-After).",
+    )
+
+    @model_validator(mode="after")
+    def _plaintext_for_headwater(self) -> KafkaBusConfig:
+        protocol = str(self.client.get("security.protocol", "plaintext")).lower()
+        if self.producer_client == "headwater" and protocol != "plaintext":
+            raise ValueError(
+                f"producer_client: headwater's producer speaks PLAINTEXT only, and "
+                f"client.security.protocol is {protocol!r}; set producer_client: librdkafka"
+            )
+        return self
