@@ -84,14 +84,15 @@ class Connection(asyncio.Protocol):
         except BaseException:  # cancelled while connecting: leave no transport open
             conn.close()
             raise
-        error, served = api.api_versions_response(body)
-        if error:
-            conn.close()
-            raise api.UnsupportedBroker(f"broker {host}:{port} refused ApiVersions (error {error})")
-        conn.served = served
         try:
+            error, served = api.api_versions_response(body)
+            if error:
+                raise api.UnsupportedBroker(
+                    f"broker {host}:{port} refused ApiVersions (error {error})"
+                )
+            conn.served = served
             conn.versions = {key: api.choose_version(key, served) for key in api.SPOKEN}
-        except api.UnsupportedBroker:
+        except ProtocolError:
             conn.close()
             raise
         return conn
