@@ -687,15 +687,17 @@ def raise_fd_limit(want: int = 65536) -> int:
 
 
 # -- an Apache Kafka broker for the Kafka cases ------------------------------------------------
-def kafka_broker() -> contextlib.AbstractContextManager[KafkaCluster]:
-    """One Apache Kafka broker (KRaft, on loopback, JVM ``KAFKA_JVM``), started as the tests
-    start it (``headwater.testing.kafka``) and stopped, its data removed, when the block ends.
-    It is a child of this process: leave it out of a ``TreeRss`` (``exclude``)."""
+def kafka_broker(brokers: int = 1) -> contextlib.AbstractContextManager[KafkaCluster]:
+    """Apache Kafka brokers (KRaft, on loopback, JVM ``KAFKA_JVM``), started as the tests start
+    them (``headwater.testing.kafka``: with 3, replication 3 and ``min.insync.replicas`` 2)
+    and stopped, their data removed, when the block ends. They are children of this process:
+    leave them out of a ``TreeRss`` (``exclude``)."""
     from headwater.jvm.maven import KAFKA_VERSION
     from headwater.testing.kafka import start_kafka
 
-    progress(f"starting Apache Kafka {KAFKA_VERSION}: one broker (KRaft) on loopback")
-    return start_kafka(1, jvm_options=KAFKA_JVM)
+    what = "one broker" if brokers == 1 else f"{brokers} brokers"
+    progress(f"starting Apache Kafka {KAFKA_VERSION}: {what} (KRaft) on loopback")
+    return start_kafka(brokers, jvm_options=KAFKA_JVM)
 
 
 def broker_figures(kafka: KafkaCluster) -> dict[str, Any]:
@@ -706,7 +708,7 @@ def broker_figures(kafka: KafkaCluster) -> dict[str, Any]:
         "kafka_version": KAFKA_VERSION,
         "brokers": len(kafka.nodes),
         "jvm_options": list(KAFKA_JVM),
-        "peak_rss_bytes": peak_rss(kafka.process.pid),
+        "peak_rss_bytes": sum(peak_rss(n.process.pid) or 0 for n in kafka.alive()),
     }
 
 
