@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from itertools import chain, groupby, repeat
+from itertools import groupby, repeat
+from operator import add
 
 from headwater.bus import context
 from headwater.bus.kafka.protocol.codec import ZIGZAG, ZIGZAG_TABLE_SIZE, varint
@@ -28,6 +29,8 @@ MAX_CHUNK_BYTES = 512 * 1024
 _NO_KEY = varint(-1)
 _RECORD_FIXED = 1 + 1  # attributes, the null key's length
 _VARINT_MAX = 5  # an int32 as a varint at its widest
+_TABLE = ZIGZAG.__getitem__
+_SHORT = ZIGZAG_TABLE_SIZE - 4096  # values shorter than this have their length in the table
 
 
 class EventChunk:
@@ -65,41 +68,64 @@ class EventChunk:
     def records(self, first_delta: int, base_timestamp: int) -> bytes:
         n = self.count
         ts = varint(self.first_timestamp - base_timestamp)
-        if first_delta + n <= ZIGZAG_TABLE_SIZE:
-            deltas = ZIGZAG[first_delta : first_delta + n]
-        else:
-            deltas = [varint(d) for d in range(first_delta, first_delta + n)]
         value_lens = list(map(len, self.values))
-        vl = [ZIGZAG[v] if v < ZIGZAG_TABLE_SIZE else varint(v) for v in value_lens]
-        pieces = []
+        if first_delta + n <= ZIGZAG_TABLE_SIZE and max(value_lens) < _SHORT:
+            deltas = ZIGZAG[first_delta : first_delta + n]
+            vl = list(map(_TABLE, value_lens))
+        else:  # a record of 60 kB or more, or offsets past the table
+            deltas = [varint(d) for d in range(first_delta, first_delta + n)]
+            vl = list(map(varint, value_lens))
+        # a record's length: its fixed part, its offset delta's and value length's varints,
+        # its value (every field but these is the same for the records of a run)
+        sizes = list(map(add, map(add, map(len, deltas), map(len, vl)), value_lens))
+        head = b"\x00" + ts  # attributes, timestamp delta
+        if len(self.runs) == 1:
+            return b"".join(
+                self._run(self.runs[0][0], ts, head, sizes, deltas, vl, self.values, self.ids)
+            )
+        out: list[bytes] = []
         start = 0
         for prefix, count in self.runs:
             end = start + count
-            fixed = _RECORD_FIXED + len(ts) + len(prefix) + ID_SIZE + len(self.shared)
-            lengths = [
-                varint(fixed + len(d) + len(v) + size)
-                for d, v, size in zip(
-                    deltas[start:end], vl[start:end], value_lens[start:end], strict=True
-                )
-            ]
-            pieces.append(
-                chain.from_iterable(
-                    zip(
-                        lengths,
-                        repeat(b"\x00" + ts, count),
-                        deltas[start:end],
-                        repeat(_NO_KEY, count),
-                        vl[start:end],
-                        self.values[start:end],
-                        repeat(prefix, count),
-                        self.ids[start:end],
-                        repeat(self.shared, count),
-                        strict=True,
-                    )
-                )
+            out += self._run(
+                prefix,
+                ts,
+                head,
+                sizes[start:end],
+                deltas[start:end],
+                vl[start:end],
+                self.values[start:end],
+                self.ids[start:end],
             )
             start = end
-        return b"".join(chain.from_iterable(pieces))
+        return b"".join(out)
+
+    def _run(
+        self,
+        prefix: bytes,
+        ts: bytes,
+        head: bytes,
+        sizes: list[int],
+        deltas: Sequence[bytes],
+        vl: Sequence[bytes],
+        values: Sequence[bytes],
+        ids: Sequence[bytes],
+    ) -> list[bytes]:
+        """The pieces of a run's records, in order."""
+        count = len(values)
+        fixed = _RECORD_FIXED + len(ts) + len(prefix) + ID_SIZE + len(self.shared)
+        lengths = list(map(add, sizes, repeat(fixed, count)))
+        pieces: list[bytes] = [b""] * (9 * count)
+        pieces[0::9] = list(map(_TABLE if max(lengths) < ZIGZAG_TABLE_SIZE else varint, lengths))
+        pieces[1::9] = [head] * count
+        pieces[2::9] = deltas
+        pieces[3::9] = [_NO_KEY] * count
+        pieces[4::9] = vl
+        pieces[5::9] = values
+        pieces[6::9] = [prefix] * count
+        pieces[7::9] = ids
+        pieces[8::9] = [self.shared] * count
+        return pieces
 
 
 def event_chunks(
