@@ -305,3 +305,14 @@ def test_close_fails_what_the_broker_never_acknowledged(client: str) -> None:
         future = bus.append(topic, [Message(b"lost?")])
         bus.close()
         assert isinstance(future.exception(timeout=WAIT_S), BusClosed)
+
+
+def test_the_producer_follows_the_security_protocol() -> None:
+    plain = kafka_config("127.0.0.1:9092").bus.kafka
+    assert plain.producer_client == "auto" and plain.own_producer
+    secured = kafka_config("127.0.0.1:9092", client={"security.protocol": "SASL_SSL"}).bus.kafka
+    assert not secured.own_producer  # auto: librdkafka speaks TLS and SASL
+    with pytest.raises(ValueError, match=r"PLAINTEXT only.*SASL_SSL.*librdkafka"):
+        kafka_config(
+            "127.0.0.1:9092", client={"security.protocol": "SASL_SSL"}, producer_client="headwater"
+        )

@@ -311,3 +311,30 @@ def test_malformed_answers_close_the_connection(
     if error is not None:
         assert isinstance(raised, error), raised
     assert words in str(raised)
+
+
+def test_requests_wait_for_room_in_turn(kafka_broker: KafkaCluster) -> None:
+    """With the buffer full, requests get room in the order they asked for it: none waits
+    while a later one passes it."""
+    topic = unique("sender-room")
+    create(kafka_broker, topic, partitions=1)
+    granted: list[int] = []
+
+    async def scenario() -> None:
+        one = chunk("x", 50)
+        sender = await started(kafka_broker, buffer_bytes=3 * one.size)
+
+        async def request(i: int) -> None:
+            await sender.room(one.size, 30)
+            granted.append(i)
+            await sender.send(topic, 0, chunk(f"r{i}", 50))
+
+        try:
+            await asyncio.gather(*[request(i) for i in range(60)])
+        finally:
+            await sender.close(10)
+
+    asyncio.run(scenario())
+    assert granted == list(range(60))
+    values = [m.value() for m in read_all(kafka_broker, topic, 0)]
+    assert values == [b"r%d-%d" % (i, j) for i in range(60) for j in range(50)]

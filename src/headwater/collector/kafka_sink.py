@@ -117,6 +117,6 @@ class KafkaSink:
 
 def sink_for(bus: Any) -> KafkaSink | None:
     """The sink for ``bus`` when it is Kafka with headwater's producer, else None."""
-    if isinstance(bus, KafkaBus) and bus.config.producer_client == "headwater":
+    if isinstance(bus, KafkaBus) and bus.config.own_producer:
         return KafkaSink(bus)
     return None

@@ -181,8 +181,8 @@ class Publisher:
     async def _queue(self, sink: LogSink, batches: Encoded) -> Awaitable[list[int]]:
         """Queue ``batches`` once the sink has room for them; their answer to await."""
         try:
+            self.admission.check()  # before room: room granted is held for the append
             await sink.room(sum(sink.size(b) for _, _, b in batches))
-            self.admission.check()
             return sink.append(batches)
         except BusUnavailable as e:
             raise unavailable(

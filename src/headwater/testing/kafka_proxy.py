@@ -35,6 +35,7 @@ class KafkaProxy:
         self._to_lose = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
@@ -51,15 +52,25 @@ class KafkaProxy:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
-        for task in self._tasks:
+        for task in list(self._tasks):
             task.cancel()
-        for task in self._tasks:
+        for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        for w in list(self._writers):
+            w.close()
+            with contextlib.suppress(ConnectionError):
+                await w.wait_closed()
 
     async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         self.connections += 1
-        broker_r, broker_w = await asyncio.open_connection(*self.target)
+        self._writers.add(client_w)
+        try:
+            broker_r, broker_w = await asyncio.open_connection(*self.target)
+        except OSError:
+            client_w.close()
+            return
+        self._writers.add(broker_w)
         pending: collections.deque[int] = collections.deque()  # api keys of unanswered requests
         up = asyncio.ensure_future(self._requests(client_r, broker_w, pending))
         down = asyncio.ensure_future(self._answers(broker_r, client_w, pending))
@@ -72,6 +83,9 @@ class KafkaProxy:
                 self._tasks.discard(task)
             for w in (client_w, broker_w):
                 w.close()
+                with contextlib.suppress(ConnectionError):
+                    await w.wait_closed()
+                self._writers.discard(w)
 
     async def _requests(
         self, r: asyncio.StreamReader, w: asyncio.StreamWriter, pending: collections.deque[int]

@@ -429,7 +429,7 @@ class KafkaBus(Bus):
                 self._producer = None
                 broken.close(0)  # its messages have failed already; start a fresh producer
             if self._producer is None:
-                if self._config.producer_client == "headwater":
+                if self._config.own_producer:
                     self._producer = ThreadedSender(self._config, f"headwater-{os.getpid()}")
                 else:
                     settings = producer_settings(self._config)

@@ -43,11 +43,12 @@ class KafkaBusConfig(Section):
     timeout_s: float = Field(
         30.0, gt=0, description="Timeout of admin, metadata and produce requests, in seconds."
     )
-    producer_client: Literal["headwater", "librdkafka"] = Field(
-        "headwater",
-        description="What the collector appends with: headwater's own producer (a request's "
-        "events in one call and one answer; PLAINTEXT only) or librdkafka (confluent-kafka, "
-        "which also speaks TLS and SASL through `client`). Other roles use librdkafka.",
+    producer_client: Literal["auto", "headwater", "librdkafka"] = Field(
+        "auto",
+        description="What appends with: headwater's own producer (a request's events in one "
+        "call and one answer; PLAINTEXT only) or librdkafka (confluent-kafka's, which also "
+        "speaks TLS and SASL through `client`); auto: headwater's unless "
+        "client.security.protocol asks for more than PLAINTEXT.",
     )
     delivery_timeout_s: float = Field(
         120.0,
@@ -77,10 +78,21 @@ class KafkaBusConfig(Section):
 
     @model_validator(mode="after")
     def _plaintext_for_headwater(self) -> KafkaBusConfig:
-        protocol = str(self.client.get("security.protocol", "plaintext")).lower()
-        if self.producer_client == "headwater" and protocol != "plaintext":
+        if self.producer_client == "headwater" and self._secured:
             raise ValueError(
-                f"producer_client: headwater's producer speaks PLAINTEXT only, and "
-                f"client.security.protocol is {protocol!r}; set producer_client: librdkafka"
+                "producer_client: headwater's producer speaks PLAINTEXT only, and "
+                f"client.security.protocol is {self.client['security.protocol']!r}; "
+                "set producer_client: librdkafka (or auto)"
             )
         return self
+
+    @property
+    def _secured(self) -> bool:
+        return str(self.client.get("security.protocol", "plaintext")).lower() != "plaintext"
+
+    @property
+    def own_producer(self) -> bool:
+        """Whether appends go through headwater's producer (``bus.kafka.sender``)."""
+        return self.producer_client == "headwater" or (
+            self.producer_client == "auto" and not self._secured
+        )

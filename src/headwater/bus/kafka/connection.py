@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import ssl
 from typing import NamedTuple
 
@@ -69,22 +70,17 @@ class Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         conn = cls(host, port, client_id, timeout_s)
         try:
-            async with asyncio.timeout(timeout_s):
-                await loop.create_connection(lambda: conn, host, port, ssl=ssl_context)
-                await conn._made  # uvloop calls connection_made after create_connection returns
-                body = await conn.request(api.API_VERSIONS, 0, api.api_versions_request())
-        except TimeoutError:
-            conn.close()
-            raise ConnectionLost(
-                f"broker {host}:{port} did not answer in {timeout_s:.0f} s"
-            ) from None
-        except OSError as e:
-            conn.close()
-            raise ConnectionLost(f"cannot connect to broker {host}:{port}: {e}") from e
-        except BaseException:  # cancelled while connecting: leave no transport open
-            conn.close()
-            raise
-        try:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await loop.create_connection(lambda: conn, host, port, ssl=ssl_context)
+                    await conn._made  # uvloop calls connection_made after create_connection
+                    body = await conn.request(api.API_VERSIONS, 0, api.api_versions_request())
+            except TimeoutError:
+                raise ConnectionLost(
+                    f"broker {host}:{port} did not answer in {timeout_s:.0f} s"
+                ) from None
+            except OSError as e:
+                raise ConnectionLost(f"cannot connect to broker {host}:{port}: {e}") from e
             error, served = api.api_versions_response(body)
             if error:
                 raise api.UnsupportedBroker(
@@ -92,7 +88,12 @@ class Connection(asyncio.Protocol):
                 )
             conn.served = served
             conn.versions = {key: api.choose_version(key, served) for key in api.SPOKEN}
-        except ProtocolError:
+        except (ConnectionLost, ProtocolError):
+            conn.close()
+            with contextlib.suppress(BaseException):  # the socket is closed before we raise
+                await asyncio.wait_for(asyncio.shield(conn.closed), 1.0)
+            raise
+        except BaseException:  # cancelled while connecting: leave no transport open
             conn.close()
             raise
         return conn

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
 import logging
 import random
@@ -207,7 +206,9 @@ class KafkaSender:
         self._reset_task: asyncio.Task[None] | None = None
         self._resetting = False
         self._buffered = 0
-        self._room: list[asyncio.Future[None]] = []
+        # room(): requests waiting in turn for buffer room, and the room granted not yet sent
+        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self._promised = 0
         self._idle: list[asyncio.Future[None]] = []  # flush(): nothing buffered
         self._quiet: list[asyncio.Future[None]] = []  # resets: nothing in flight
         self._tick: asyncio.TimerHandle | None = None
@@ -329,6 +330,9 @@ class KafkaSender:
                 errors.append(str(e))
                 continue
             if node >= 0:
+                old = self._conns.get(node)
+                if old is not None:
+                    old.close()
                 self._conns[node] = conn
             else:
                 if self._bootstrap is not None:
@@ -433,29 +437,53 @@ class KafkaSender:
             if leader < 0:
                 self._refresh()
         p.queue.append(_Entry(chunk, future, time.monotonic() + self.delivery_timeout_s))
+        self._promised = max(0, self._promised - chunk.size)
         self._buffered += chunk.size
         self._ready.add(p)
         self._schedule()
         return future
 
-    async def room(self, nbytes: int, timeout_s: float) -> None:
-        """Wait until ``nbytes`` more fit the buffer (``BusUnavailable`` after ``timeout_s``);
-        an empty buffer takes any size."""
-        if self._buffered == 0 or self._buffered + nbytes <= self.buffer_bytes:
+    async def room(self, nbytes: int, timeout_s: float, *, hold: bool = True) -> None:
+        """Wait in turn until ``nbytes`` more fit the buffer, then hold that room for the
+        ``send`` that follows (``BusUnavailable`` after ``timeout_s``); an empty buffer takes
+        any size. First come, first served: under load no request waits while later ones
+        pass it. ``hold=False``: only wait, hold nothing."""
+        if not self._waiting and self._fits(nbytes):
+            if hold:
+                self._promised += nbytes
             return
         assert self._loop is not None
-        deadline = time.monotonic() + timeout_s
-        while self._buffered and self._buffered + nbytes > self.buffer_bytes:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise BusUnavailable(
-                    f"the Kafka producer holds {self._buffered:,} unacknowledged bytes "
-                    f"(buffer {self.buffer_bytes:,}); retry shortly"
-                )
-            future: asyncio.Future[None] = self._loop.create_future()
-            self._room.append(future)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(future, remaining)
+        future: asyncio.Future[None] = self._loop.create_future()
+        entry = (nbytes, future)
+        self._waiting.append(entry)
+        try:
+            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except TimeoutError:
+            if future.done():  # granted as the wait ended: give the room back
+                self._promised = max(0, self._promised - nbytes)
+                self._grant()
+            else:
+                self._waiting.remove(entry)
+                future.cancel()
+            raise BusUnavailable(
+                f"the Kafka producer holds {self._buffered:,} unacknowledged bytes "
+                f"(buffer {self.buffer_bytes:,}: bus.kafka.buffer_bytes) and no room came "
+                f"within {timeout_s:.0f} s; retry shortly"
+            ) from None
+        if not hold:
+            self._promised = max(0, self._promised - nbytes)
+            self._grant()
+
+    def _fits(self, nbytes: int) -> bool:
+        used = self._buffered + self._promised
+        return used == 0 or used + nbytes <= self.buffer_bytes
+
+    def _grant(self) -> None:
+        while self._waiting and self._fits(self._waiting[0][0]):
+            nbytes, future = self._waiting.popleft()
+            if not future.done():
+                self._promised += nbytes
+                future.set_result(None)
 
     def _schedule(self) -> None:
         if not self._drain_scheduled and self._loop is not None and not self._closed:
@@ -643,11 +671,7 @@ class KafkaSender:
 
     def _release(self, batch: _Batch) -> None:
         self._buffered -= sum(e.chunk.size for e, _ in batch.entries)
-        if self._room:
-            waiting, self._room = self._room, []
-            for f in waiting:
-                if not f.done():
-                    f.set_result(None)
+        self._grant()
 
     def _settled(self) -> None:
         if self._quiet and not any(p.inflight for p in self._partitions.values()):
@@ -732,6 +756,7 @@ class KafkaSender:
                     ),
                 )
                 self._buffered -= entry.chunk.size
+                self._grant()
             if (p.queue or p.retry) and p.leader < 0:
                 self._refresh()
             if p.retry and not p.inflight and not self._resetting:

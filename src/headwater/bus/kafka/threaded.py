@@ -113,7 +113,7 @@ class ThreadedSender:
 
     def wait_for_room(self, needed: int, timeout: float) -> bool:
         async def wait() -> None:
-            await self.sender.room(needed, timeout)
+            await self.sender.room(needed, timeout, hold=False)
 
         try:
             asyncio.run_coroutine_threadsafe(wait(), self._loop).result(timeout + 1)
