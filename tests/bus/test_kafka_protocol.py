@@ -106,6 +106,17 @@ def test_messages_round_trip_with_every_kind_of_field() -> None:
     ]
 
 
+def test_an_lz4_batch_decodes_to_its_records() -> None:
+    messages = [Message(b"v%d" % i, None, (("type", b"click"),) * 4, 7) for i in range(500)]
+    data = records.encode_messages(messages, 0, 7)
+    packed = records.compress(data, records.LZ4)
+    assert len(packed) < len(data) / 4  # headers repeat: what compression is for
+    head = records.header(packed, 500, base_timestamp=7, max_timestamp=7, compression=records.LZ4)
+    assert struct.unpack_from(">h", head, 21)[0] == records.LZ4
+    [batch] = records.decode_batches(head + packed)
+    assert [r.value for r in batch.records] == [m.value for m in messages]
+
+
 def test_damaged_batches_are_refused() -> None:
     data = records.encode_messages([Message(b"abc", None, (), 1)], 0, 1)
     batch = records.header(data, 1, base_timestamp=1, max_timestamp=1) + data

@@ -17,6 +17,7 @@ import pytest
 
 from headwater.bus.errors import BusUnavailable, RecordTooLarge
 from headwater.bus.kafka.connection import Connection, ConnectionLost
+from headwater.bus.kafka.protocol import records
 from headwater.bus.kafka.protocol.codec import ProtocolError
 from headwater.bus.kafka.sender import KafkaSender, MessageChunk
 from headwater.bus.records import Message
@@ -79,7 +80,8 @@ async def started(cluster: KafkaCluster, **options: Any) -> KafkaSender:
     return sender
 
 
-def test_records_are_read_back_by_librdkafka(kafka_broker: KafkaCluster) -> None:
+@pytest.mark.parametrize("codec", [records.NONE, records.LZ4], ids=["plain", "lz4"])
+def test_records_are_read_back_by_librdkafka(kafka_broker: KafkaCluster, codec: int) -> None:
     topic = unique("sender-fields")
     create(kafka_broker, topic)
     messages = [
@@ -89,7 +91,7 @@ def test_records_are_read_back_by_librdkafka(kafka_broker: KafkaCluster) -> None
     ]
 
     async def scenario() -> list[int]:
-        sender = await started(kafka_broker)
+        sender = await started(kafka_broker, compression=codec)
         try:
             return list(
                 await asyncio.gather(

@@ -19,7 +19,7 @@ from typing import Any
 
 from headwater.bus.errors import BusError
 from headwater.bus.kafka.backend import KafkaBus
-from headwater.bus.kafka.sender import KafkaSender, MessageChunk
+from headwater.bus.kafka.sender import CODECS, KafkaSender, MessageChunk
 from headwater.bus.partitioner import Partitioner
 from headwater.bus.records import Message
 from headwater.collector.events import EventIn, RequestContext
@@ -43,6 +43,7 @@ class KafkaSink:
             max_in_flight=config.max_in_flight,
             max_batch_bytes=config.batch_bytes,
             buffer_bytes=config.buffer_bytes,
+            compression=CODECS[config.compression],
         )
         self.room_timeout_s = config.timeout_s
         self.close_timeout_s = close_timeout_s

@@ -76,6 +76,13 @@ class KafkaBusConfig(Section):
         "for room (then 503 with Retry-After).",
     )
 
+    compression: Literal["none", "lz4"] = Field(
+        "lz4",
+        description="headwater's producer: how record batches travel and are stored. lz4: a "
+        "request's records repeat their header names and context, and compress several "
+        "times over, for a fraction of a microsecond an event.",
+    )
+
     @model_validator(mode="after")
     def _plaintext_for_headwater(self) -> KafkaBusConfig:
         if self.producer_client == "headwater" and self._secured:

@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 _SEQUENCE_WRAP = 1 << 31  # sequences count up to Int32.MAX, then start at 0 again
 _BACKOFF_S = (0.05, 1.0)  # retry backoff: first, largest
 _TICK_S = 0.25  # deadlines and metadata are checked this often
+CODECS = {"none": records.NONE, "lz4": records.LZ4}  # bus.kafka.compression
 
 
 class Chunk(Protocol):
@@ -175,6 +176,7 @@ class KafkaSender:
         max_in_flight: int = 2,
         max_batch_bytes: int = 1_000_000,
         buffer_bytes: int = 64 << 20,
+        compression: int = records.NONE,
     ) -> None:
         if not 1 <= max_in_flight <= 5:
             raise ValueError("an idempotent producer keeps 1 to 5 requests in flight")
@@ -187,6 +189,7 @@ class KafkaSender:
         self.max_in_flight = max_in_flight
         self.max_batch_bytes = max_batch_bytes
         self.buffer_bytes = buffer_bytes
+        self.compression = compression
         self.stats = SenderStats()
         self.producer_id = -1
         self.producer_epoch = -1
@@ -541,7 +544,9 @@ class KafkaSender:
             size += entry.chunk.size
         base = min(e.chunk.first_timestamp for e, _ in entries)
         top = max(e.chunk.last_timestamp for e, _ in entries)
-        data = b"".join([e.chunk.records(delta, base) for e, delta in entries])
+        data = records.compress(
+            b"".join([e.chunk.records(delta, base) for e, delta in entries]), self.compression
+        )
         batch = _Batch(entries, data, count, base, top, next(self._order))
         batch.deadline = min(e.deadline for e, _ in entries)
         self._number(p, batch)
@@ -559,6 +564,7 @@ class KafkaSender:
             producer_id=self.producer_id,
             producer_epoch=self.producer_epoch,
             base_sequence=batch.sequence,
+            compression=self.compression,
         )
 
     def _request(self, conn: Connection, batches: dict[tuple[str, int], _Batch]) -> None:

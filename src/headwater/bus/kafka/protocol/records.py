@@ -21,6 +21,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from headwater.bus.kafka.protocol.codec import ZIGZAG, ProtocolError, varint
 from headwater.bus.records import Header, Headers, Message
@@ -32,6 +33,8 @@ except ImportError as exc:  # pragma: no cover - part of the kafka extra
     raise MissingDependencyError("google_crc32c", "kafka") from exc
 
 MAGIC = 2
+NONE = 0
+LZ4 = 3  # the codec numbers of a batch's attributes (0-2 bits): gzip 1, snappy 2, zstd 4
 HEADER_SIZE = 61
 # Bytes from the start of a batch to its CRC's first covered byte (the attributes).
 _CRC_FROM = 21
@@ -53,12 +56,14 @@ def header(
     producer_id: int = NO_PRODUCER_ID,
     producer_epoch: int = -1,
     base_sequence: int = NO_SEQUENCE,
+    compression: int = NONE,
 ) -> bytes:
-    """The 61 bytes before ``records`` (``count`` encoded records, offset deltas from 0)."""
+    """The 61 bytes before ``records`` (``count`` encoded records, offset deltas from 0, as
+    they are or compressed with ``compression``)."""
     if count < 1:
         raise ValueError("a record batch holds at least one record")
     tail = _TAIL.pack(
-        0,  # attributes: no compression, CreateTime, not transactional, not control
+        compression,  # attributes: the codec; CreateTime, not transactional, not control
         count - 1,
         base_timestamp,
         max_timestamp,
@@ -69,6 +74,37 @@ def header(
     )
     crc = google_crc32c.extend(google_crc32c.value(tail), records)
     return _PREFIX.pack(0, HEADER_SIZE - _LENGTH_FROM + len(records), -1, MAGIC, crc) + tail
+
+
+def compress(records: bytes, codec: int) -> bytes:
+    """``records`` compressed as a batch of codec ``codec`` holds them: LZ4 is an LZ4 frame
+    (KIP-57) of independent 64 KiB blocks, without checksums other than the batch's CRC."""
+    if codec == NONE:
+        return records
+    if codec != LZ4:
+        raise ValueError(f"codec {codec} is not one headwater writes (0: none, 3: lz4)")
+    return bytes(
+        _lz4().compress(records, block_linked=False, store_size=False, compression_level=0)
+    )
+
+
+def decompress(data: bytes, codec: int) -> bytes:
+    if codec == NONE:
+        return data
+    if codec != LZ4:
+        raise ProtocolError(f"batches of codec {codec} are not decoded here")
+    try:
+        return bytes(_lz4().decompress(data))
+    except RuntimeError as e:
+        raise ProtocolError(f"an LZ4 batch does not decompress: {e}") from None
+
+
+def _lz4() -> Any:
+    try:
+        import lz4.frame
+    except ImportError as exc:  # pragma: no cover - part of the kafka extra
+        raise MissingDependencyError("lz4", "kafka") from exc
+    return lz4.frame
 
 
 # -- encoding records -------------------------------------------------------------------------
@@ -195,23 +231,22 @@ def decode_batches(data: bytes) -> list[DecodedBatch]:
         attrs, last_delta, base_ts, max_ts, pid, pepoch, seq, count = _TAIL.unpack_from(
             data, pos + _CRC_FROM
         )
-        if attrs & 0x7:
-            raise ProtocolError("compressed batches are not decoded here")
-        rpos = pos + HEADER_SIZE
+        body = decompress(data[pos + HEADER_SIZE : end], attrs & 0x7)
+        rpos = 0
         records = []
         for _ in range(count):
-            size, rpos = _read_varint(data, rpos)
+            size, rpos = _read_varint(body, rpos)
             rend = rpos + size
             rpos += 1  # attributes
-            ts_delta, rpos = _read_varint(data, rpos)
-            off_delta, rpos = _read_varint(data, rpos)
-            key, rpos = _read_bytes(data, rpos)
-            value, rpos = _read_bytes(data, rpos)
-            nheaders, rpos = _read_varint(data, rpos)
+            ts_delta, rpos = _read_varint(body, rpos)
+            off_delta, rpos = _read_varint(body, rpos)
+            key, rpos = _read_bytes(body, rpos)
+            value, rpos = _read_bytes(body, rpos)
+            nheaders, rpos = _read_varint(body, rpos)
             headers = []
             for _ in range(nheaders):
-                name, rpos = _read_bytes(data, rpos)
-                hvalue, rpos = _read_bytes(data, rpos)
+                name, rpos = _read_bytes(body, rpos)
+                hvalue, rpos = _read_bytes(body, rpos)
                 headers.append(((name or b"").decode(), hvalue))
             if rpos != rend:
                 raise ProtocolError("a record's length does not match its fields")
@@ -220,7 +255,7 @@ def decode_batches(data: bytes) -> list[DecodedBatch]:
                     base_offset + off_delta, base_ts + ts_delta, key, value, tuple(headers)
                 )
             )
-        if rpos != end or (records and records[-1].offset - base_offset != last_delta):
+        if rpos != len(body) or (records and records[-1].offset - base_offset != last_delta):
             raise ProtocolError("a batch's length or last offset delta does not match")
         out.append(DecodedBatch(base_offset, pid, pepoch, seq, base_ts, max_ts, records))
         pos = end
