@@ -16,12 +16,12 @@ import contextlib
 import json
 import logging
 import socket
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from headwater.bus.embedded import format as fmt
 from headwater.bus.errors import BusError, BusUnavailable, InvalidArgument
+from headwater.bus.room import Room
 from headwater.collector import wire
 from headwater.collector.batch import EmbeddedEncoding
 from headwater.collector.memory import trim_heap
@@ -94,9 +94,7 @@ class Link(EmbeddedEncoding, asyncio.Protocol):
         self._snapshot = snapshot
         self._ring = ring
         self.max_pending_bytes = max_pending_bytes
-        self.pending_bytes = 0  # appended, not answered yet
-        self._promised = 0  # granted by ``room``, not appended yet
-        self._room_waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._room = Room(max_pending_bytes)  # bytes appended and not answered, in turn
         self._transport: asyncio.Transport | None = None
         self._frames = wire.Frames()
         self._out: list[bytes] = []  # frames to send at the end of this turn of the loop
@@ -171,11 +169,9 @@ class Link(EmbeddedEncoding, asyncio.Protocol):
         self._waiting.clear()
         groups, self._merging = self._merging, {}
         for group in groups.values():
-            self.pending_bytes -= group.size
+            self._room.release(group.size)
             group.set_exception(LinkClosed("the process that holds the log has gone"))
-        for _, waiter in self._room_waiters:
-            if not waiter.done():
-                waiter.set_exception(LinkClosed("the process that holds the log has gone"))
+        self._room.fail(LinkClosed("the process that holds the log has gone"))
         self.closed.set()
 
     # -- requests ---------------------------------------------------------------------------
@@ -246,8 +242,7 @@ class Link(EmbeddedEncoding, asyncio.Protocol):
         if self._transport is None:
             raise LinkClosed("the process that holds the log has gone")
         size = sum(len(b.body) for _, _, b in batches)
-        self._promised = max(0, self._promised - size)
-        self.pending_bytes += size
+        self._room.take(size)
         if len(batches) == 1 and batches[0][2].last_offset_delta == batches[0][2].count - 1:
             topic, partition, batch = batches[0]
             future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
@@ -281,10 +276,9 @@ class Link(EmbeddedEncoding, asyncio.Protocol):
         used = [a for a in at if a is not None]
 
         def release() -> None:
-            self.pending_bytes -= size
             for a in used:
                 ring.free(a)  # type: ignore[union-attr]
-            self._grant()
+            self._room.release(size)
 
         try:
             return self._request(
@@ -316,47 +310,21 @@ class Link(EmbeddedEncoding, asyncio.Protocol):
                 with contextlib.suppress(LinkClosed):
                     self._group_frame(group)
 
-    def _fits(self, nbytes: int) -> bool:
-        queued = self.pending_bytes + self._promised
-        return queued == 0 or queued + nbytes <= self.max_pending_bytes
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes appended and not answered yet."""
+        return self._room.used
 
     async def room(self, nbytes: int) -> None:
         """Wait (in turn) until the bytes on their way to the log leave room for ``nbytes``
         more: the log's pace holds requests here, so a client's next request waits for this
         one's ack instead of being refused. Past ``ROOM_WAIT_S``: ``BusUnavailable``."""
-        if not self._room_waiters and self._fits(nbytes):
-            self._promised += nbytes
-            return
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (nbytes, waiter)
-        self._room_waiters.append(entry)
-        try:
-            await asyncio.wait_for(asyncio.shield(waiter), ROOM_WAIT_S)
-        except TimeoutError:
-            if waiter.done():  # granted as the wait ended: hand the room back
-                self._promised = max(0, self._promised - nbytes)
-                self._grant()
+        if not await self._room.wait(nbytes, ROOM_WAIT_S):
             raise BusUnavailable(
                 f"this intake worker has {self.pending_bytes} bytes on their way to the log "
                 f"(limit {self.max_pending_bytes}) and no room came within {ROOM_WAIT_S:.0f} s; "
                 "retry shortly"
-            ) from None
-        finally:
-            with contextlib.suppress(ValueError):
-                self._room_waiters.remove(entry)
-
-    def _grant(self) -> None:
-        waiters = self._room_waiters
-        while waiters:
-            nbytes, waiter = waiters[0]
-            if waiter.done():
-                waiters.popleft()
-                continue
-            if not self._fits(nbytes):
-                return
-            waiters.popleft()
-            self._promised += nbytes
-            waiter.set_result(None)
+            )
 
     async def call(self, op: str, **args: Any) -> Any:
         return await self._request(

@@ -14,6 +14,7 @@ later.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import gc
 from typing import Any
@@ -37,8 +38,19 @@ def trim_heap() -> None:
 # Net container allocations between young collections, then young collections per older one
 # (Python's defaults: 700, 10, 10).
 GC_THRESHOLDS = (50_000, 5, 10)
+# A young collection this often whatever the count, so that garbage in cycles (a closed
+# connection's objects) does not linger in a quiet process: 3.1 kB an idle WebSocket at the
+# default pace, 7.9 kB at the slow one without it (2026-11-29, 2,000 connections).
+YOUNG_COLLECTION_S = 1.0
 
 
-def pace_gc() -> None:
-    """Set the intake process's collector thresholds (``GC_THRESHOLDS``)."""
+def pace_gc(loop: asyncio.AbstractEventLoop) -> None:
+    """Set the intake process's collector thresholds (``GC_THRESHOLDS``) and collect the young
+    generation every ``YOUNG_COLLECTION_S`` on ``loop``."""
     gc.set_threshold(*GC_THRESHOLDS)
+
+    def collect() -> None:
+        gc.collect(0)
+        loop.call_later(YOUNG_COLLECTION_S, collect)
+
+    loop.call_later(YOUNG_COLLECTION_S, collect)

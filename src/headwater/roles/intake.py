@@ -87,7 +87,7 @@ async def _serve(
             on_hangup(server.reload_tls)
         gc.collect()
         gc.freeze()  # what start-up made stays out of the collector's walks
-        pace_gc()  # see collector.memory
+        pace_gc(asyncio.get_running_loop())  # see collector.memory
         trim_heap()
         link.ready()
         closed = asyncio.ensure_future(link.closed.wait())

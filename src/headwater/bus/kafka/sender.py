@@ -58,6 +58,7 @@ from headwater.bus.kafka.protocol import api, records
 from headwater.bus.kafka.protocol import errors as codes
 from headwater.bus.kafka.protocol.codec import ProtocolError
 from headwater.bus.records import Message
+from headwater.bus.room import Room
 
 log = logging.getLogger(__name__)
 
@@ -208,10 +209,7 @@ class KafkaSender:
         self._refresh_again = False
         self._reset_task: asyncio.Task[None] | None = None
         self._resetting = False
-        self._buffered = 0
-        # room(): requests waiting in turn for buffer room, and the room granted not yet sent
-        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
-        self._promised = 0
+        self._room = Room(buffer_bytes)  # unanswered bytes (chunk sizes), handed out in turn
         self._idle: list[asyncio.Future[None]] = []  # flush(): nothing buffered
         self._quiet: list[asyncio.Future[None]] = []  # resets: nothing in flight
         self._tick: asyncio.TimerHandle | None = None
@@ -242,7 +240,7 @@ class KafkaSender:
         try:
             await self.flush(timeout_s)
         except BusUnavailable:
-            log.warning("closing the Kafka producer with %d bytes unacknowledged", self._buffered)
+            log.warning("closing the Kafka producer with %d bytes unacknowledged", self._room.used)
         self._closed = True
         if self._tick is not None:
             self._tick.cancel()
@@ -267,7 +265,7 @@ class KafkaSender:
 
     async def flush(self, timeout_s: float | None) -> None:
         """Wait until everything sent so far is answered (``BusUnavailable`` on timeout)."""
-        if self._buffered == 0:
+        if self._room.used == 0:
             return
         assert self._loop is not None
         future: asyncio.Future[None] = self._loop.create_future()
@@ -276,13 +274,13 @@ class KafkaSender:
             await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
             raise BusUnavailable(
-                f"{self._buffered:,} bytes were not acknowledged within {timeout_s} s"
+                f"{self._room.used:,} bytes were not acknowledged within {timeout_s} s"
             ) from None
 
     @property
     def buffered(self) -> int:
         """Bytes handed over and not yet answered."""
-        return self._buffered
+        return self._room.used
 
     # -- metadata ---------------------------------------------------------------------------
     def partitions(self, topic: str) -> int | None:
@@ -440,53 +438,21 @@ class KafkaSender:
             if leader < 0:
                 self._refresh()
         p.queue.append(_Entry(chunk, future, time.monotonic() + self.delivery_timeout_s))
-        self._promised = max(0, self._promised - chunk.size)
-        self._buffered += chunk.size
+        self._room.take(chunk.size)
         self._ready.add(p)
         self._schedule()
         return future
 
     async def room(self, nbytes: int, timeout_s: float, *, hold: bool = True) -> None:
-        """Wait in turn until ``nbytes`` more fit the buffer, then hold that room for the
-        ``send`` that follows (``BusUnavailable`` after ``timeout_s``); an empty buffer takes
-        any size. First come, first served: under load no request waits while later ones
-        pass it. ``hold=False``: only wait, hold nothing."""
-        if not self._waiting and self._fits(nbytes):
-            if hold:
-                self._promised += nbytes
-            return
-        assert self._loop is not None
-        future: asyncio.Future[None] = self._loop.create_future()
-        entry = (nbytes, future)
-        self._waiting.append(entry)
-        try:
-            await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        except TimeoutError:
-            if future.done():  # granted as the wait ended: give the room back
-                self._promised = max(0, self._promised - nbytes)
-                self._grant()
-            else:
-                self._waiting.remove(entry)
-                future.cancel()
+        """Wait in turn until ``nbytes`` more fit the buffer, and hold that room for the
+        ``send`` that follows (``hold=False``: only wait); ``BusUnavailable`` after
+        ``timeout_s`` (``bus.room``)."""
+        if not await self._room.wait(nbytes, timeout_s, hold=hold):
             raise BusUnavailable(
-                f"the Kafka producer holds {self._buffered:,} unacknowledged bytes "
+                f"the Kafka producer holds {self._room.used:,} unacknowledged bytes "
                 f"(buffer {self.buffer_bytes:,}: bus.kafka.buffer_bytes) and no room came "
                 f"within {timeout_s:.0f} s; retry shortly"
-            ) from None
-        if not hold:
-            self._promised = max(0, self._promised - nbytes)
-            self._grant()
-
-    def _fits(self, nbytes: int) -> bool:
-        used = self._buffered + self._promised
-        return used == 0 or used + nbytes <= self.buffer_bytes
-
-    def _grant(self) -> None:
-        while self._waiting and self._fits(self._waiting[0][0]):
-            nbytes, future = self._waiting.popleft()
-            if not future.done():
-                self._promised += nbytes
-                future.set_result(None)
+            )
 
     def _schedule(self) -> None:
         if not self._drain_scheduled and self._loop is not None and not self._closed:
@@ -676,8 +642,7 @@ class KafkaSender:
                 self.stats.failed_chunks += 1
 
     def _release(self, batch: _Batch) -> None:
-        self._buffered -= sum(e.chunk.size for e, _ in batch.entries)
-        self._grant()
+        self._room.release(sum(e.chunk.size for e, _ in batch.entries))
 
     def _settled(self) -> None:
         if self._quiet and not any(p.inflight for p in self._partitions.values()):
@@ -685,7 +650,7 @@ class KafkaSender:
             for f in quiet:
                 if not f.done():
                     f.set_result(None)
-        if self._buffered == 0 and self._idle:
+        if self._room.used == 0 and self._idle:
             idle, self._idle = self._idle, []
             for f in idle:
                 if not f.done():
@@ -761,8 +726,7 @@ class KafkaSender:
                         f"{self.delivery_timeout_s:.0f} s (no leader, or no connection to it)"
                     ),
                 )
-                self._buffered -= entry.chunk.size
-                self._grant()
+                self._room.release(entry.chunk.size)
             if (p.queue or p.retry) and p.leader < 0:
                 self._refresh()
             if p.retry and not p.inflight and not self._resetting:
