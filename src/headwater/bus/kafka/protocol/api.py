@@ -17,7 +17,6 @@ from headwater.bus.kafka.protocol.codec import (
     ProtocolError,
     Reader,
     array,
-    nullable_bytes,
     string,
 )
 
@@ -193,17 +192,3 @@ def produce_response(body: bytes, version: int) -> dict[str, list[PartitionResul
     r.int32()  # throttle time
     r.end()
     return dict(topics)
-
-
-def empty(body: bytes) -> None:
-    if body:
-        raise ProtocolError(f"expected an empty body, got {len(body)} bytes")
-
-
-__all__ = [
-    "API_INIT_PRODUCER_ID",
-    "API_METADATA",
-    "API_PRODUCE",
-    "API_VERSIONS",
-    "nullable_bytes",
-]

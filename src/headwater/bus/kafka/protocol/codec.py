@@ -34,11 +34,6 @@ def string(value: str | None) -> bytes:
     return INT16.pack(len(data)) + data
 
 
-def nullable_bytes(value: bytes | None) -> bytes:
-    """A (nullable) ``bytes`` field: int32 length, then the bytes; null is length -1."""
-    return INT32.pack(-1) if value is None else INT32.pack(len(value)) + value
-
-
 def array(items: list[bytes] | None) -> bytes:
     """An ``array`` of already-encoded items: int32 count, then the items; null is -1."""
     if items is None:

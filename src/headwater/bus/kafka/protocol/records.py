@@ -19,11 +19,11 @@ whatever the sequence they are sent under.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from headwater.bus.kafka.protocol.codec import ZIGZAG, ProtocolError, varint
+from headwater.bus.kafka.protocol.codec import ProtocolError, varint
 from headwater.bus.records import Header, Headers, Message
 from headwater.errors import MissingDependencyError
 
@@ -264,10 +264,3 @@ def decode_batches(data: bytes) -> list[DecodedBatch]:
 
 def headers_of(record: DecodedRecord) -> list[Header]:
     return [(n, v if v is not None else b"") for n, v in record.headers]
-
-
-def flatten(batches: Iterable[DecodedBatch]) -> list[DecodedRecord]:
-    return [r for b in batches for r in b.records]
-
-
-ZIGZAG_TABLE = ZIGZAG  # re-exported for fast encoders (``headwater.collector.kafka_batch``)
