@@ -85,7 +85,8 @@ def test_new_ids_by_default() -> None:
     records = _decode(encode_events(events, CTX, 1 << 20, "t"))
     ids = [dict(r.headers)[context.EVENT_ID] for r in records]
     assert all(UUID7.fullmatch(i) for i in ids) and len(set(ids)) == 100 and ids == sorted(ids)
-    assert {uuid.UUID(i.decode()).int >> 80 for i in ids} >= {MS}
+    # no earlier than the request (ids are monotonic per process: another test's may be later)
+    assert min(uuid.UUID(i.decode()).int >> 80 for i in ids) >= MS
 
 
 def _errors(events: list[EventIn], limit: int) -> tuple[BaseException, BaseException]:

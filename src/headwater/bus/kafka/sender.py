@@ -114,14 +114,14 @@ class MessageChunk:
         return records.encode_messages(self.messages, first_delta, base_timestamp)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Entry:
     chunk: Chunk
     future: asyncio.Future[int]
     deadline: float
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: a batch is one send, whatever its bytes
 class _Batch:
     entries: list[tuple[_Entry, int]]  # each chunk and its first offset delta
     records: bytes
