@@ -19,7 +19,7 @@ from typing import Any
 
 from headwater.bus.errors import BusError
 from headwater.bus.kafka.backend import KafkaBus
-from headwater.bus.kafka.sender import CODECS, KafkaSender, MessageChunk
+from headwater.bus.kafka.sender import KafkaSender, MessageChunk
 from headwater.bus.partitioner import Partitioner
 from headwater.bus.records import Message
 from headwater.collector.events import EventIn, RequestContext
@@ -35,16 +35,7 @@ class KafkaSink:
     def __init__(self, bus: KafkaBus, *, close_timeout_s: float = 30.0) -> None:
         config = bus.config
         self.bus = bus
-        self.sender = KafkaSender(
-            config.bootstrap_servers,
-            client_id=f"headwater-collector-{os.getpid()}",
-            request_timeout_s=config.timeout_s,
-            delivery_timeout_s=config.delivery_timeout_s,
-            max_in_flight=config.max_in_flight,
-            max_batch_bytes=config.batch_bytes,
-            buffer_bytes=config.buffer_bytes,
-            compression=CODECS[config.compression],
-        )
+        self.sender = KafkaSender.from_config(config, f"headwater-collector-{os.getpid()}")
         self.room_timeout_s = config.timeout_s
         self.close_timeout_s = close_timeout_s
         self._partitioner = Partitioner()

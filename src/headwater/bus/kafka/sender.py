@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from headwater.bus.errors import BusClosed, BusError, BusUnavailable, RecordTooLarge, UnknownTopic
+from headwater.bus.kafka.config import KafkaBusConfig
 from headwater.bus.kafka.connection import Connection, ConnectionLost
 from headwater.bus.kafka.protocol import api, records
 from headwater.bus.kafka.protocol import errors as codes
@@ -215,6 +216,20 @@ class KafkaSender:
         self._tick: asyncio.TimerHandle | None = None
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def from_config(cls, config: KafkaBusConfig, client_id: str) -> KafkaSender:
+        """The producer ``bus.kafka`` describes."""
+        return cls(
+            config.bootstrap_servers,
+            client_id=client_id,
+            request_timeout_s=config.timeout_s,
+            delivery_timeout_s=config.delivery_timeout_s,
+            max_in_flight=config.max_in_flight,
+            max_batch_bytes=config.batch_bytes,
+            buffer_bytes=config.buffer_bytes,
+            compression=CODECS[config.compression],
+        )
 
     # -- life -------------------------------------------------------------------------------
     async def start(self) -> None:

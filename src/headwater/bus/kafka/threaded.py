@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from headwater.bus.errors import BusClosed, BusUnavailable, QueueFull
 from headwater.bus.kafka.config import KafkaBusConfig
 from headwater.bus.kafka.producer import Send
-from headwater.bus.kafka.sender import CODECS, KafkaSender, MessageChunk
+from headwater.bus.kafka.sender import KafkaSender, MessageChunk
 from headwater.bus.records import Position
 
 
@@ -33,16 +33,7 @@ class ThreadedSender:
             target=self._loop.run_forever, name="headwater-kafka-sender", daemon=True
         )
         self._thread.start()
-        self.sender = KafkaSender(
-            config.bootstrap_servers,
-            client_id=client_id,
-            request_timeout_s=config.timeout_s,
-            delivery_timeout_s=config.delivery_timeout_s,
-            max_in_flight=config.max_in_flight,
-            max_batch_bytes=config.batch_bytes,
-            buffer_bytes=config.buffer_bytes,
-            compression=CODECS[config.compression],
-        )
+        self.sender = KafkaSender.from_config(config, client_id)
         self._started = asyncio.run_coroutine_threadsafe(self.sender.start(), self._loop)
         self._start_lock = threading.Lock()
         self._closed = False
