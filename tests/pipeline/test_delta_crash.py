@@ -104,7 +104,14 @@ def test_headwater_up_killed_under_load_lands_every_acked_event_once_in_delta(
         asyncio.run(load.run(ws_clients=1, rest_clients=1, segment_clients=1))
         assert done, "the last round's batches were not acked"
         acked = acked_events(ledger)
-        wait_until(lambda: acked <= set(landed(config_file)), "every acked event in Delta", 300)
+        try:
+            wait_until(lambda: acked <= set(landed(config_file)), "every acked event in Delta", 300)
+        except AssertionError as e:
+            missing = len(acked - set(landed(config_file)))
+            raise AssertionError(
+                f"seed {seed}: {e} ({missing} of {len(acked)} missing); the last run said:\n"
+                + up.stderr()[-4000:]
+            ) from None
         assert up.stop() == 0, up.stderr()
         assert "Traceback" not in up.stderr(), up.stderr()
     finally:

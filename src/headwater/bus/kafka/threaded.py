@@ -36,6 +36,10 @@ class ThreadedSender:
         self.sender = KafkaSender.from_config(config, client_id)
         self._started = asyncio.run_coroutine_threadsafe(self.sender.start(), self._loop)
         self._start_lock = threading.Lock()
+        # Bytes handed to the loop whose ``_send`` has not run yet: the sender's own count
+        # (``buffered``) does not hold them, and a caller's check must.
+        self._handed = 0
+        self._handed_lock = threading.Lock()
         self._closed = False
 
     def _ready(self) -> None:
@@ -76,32 +80,39 @@ class ThreadedSender:
                 needed += chunk.size
                 chunks.append((partition, indexes, chunk))
             work.append((topic, len(messages), chunks))
-        buffered = self.sender.buffered
-        if buffered and buffered + needed > self.sender.buffer_bytes:
-            raise QueueFull(
-                f"the Kafka producer holds {buffered:,} unacknowledged bytes (buffer "
-                f"{self.sender.buffer_bytes:,}: bus.kafka.buffer_bytes); retry shortly",
-                needed,
-            )
+        with self._handed_lock:
+            buffered = self.sender.buffered + self._handed
+            if buffered and buffered + needed > self.sender.buffer_bytes:
+                raise QueueFull(
+                    f"the Kafka producer holds {buffered:,} unacknowledged bytes (buffer "
+                    f"{self.sender.buffer_bytes:,}: bus.kafka.buffer_bytes); retry shortly",
+                    needed,
+                )
+            self._handed += needed
         futures: list[Future[Sequence[Position]]] = [Future() for _ in work]
         for f in futures:
             f.set_running_or_notify_cancel()
-        self._loop.call_soon_threadsafe(self._send, work, futures)
+        self._loop.call_soon_threadsafe(self._send, work, futures, needed)
         return futures
 
     def _send(
         self,
         work: list[tuple[str, int, list[tuple[int, list[int], MessageChunk]]]],
         futures: list[Future[Sequence[Position]]],
+        handed: int,
     ) -> None:
-        for (topic, count, chunks), outcome in zip(work, futures, strict=True):
-            if not chunks:
-                outcome.set_result([])
-                continue
-            sent = [self.sender.send(topic, p, chunk) for p, _, chunk in chunks]
-            resolve = functools.partial(_resolve, sent, chunks, count, outcome)
-            for s in sent:
-                s.add_done_callback(resolve)
+        try:
+            for (topic, count, chunks), outcome in zip(work, futures, strict=True):
+                if not chunks:
+                    outcome.set_result([])
+                    continue
+                sent = [self.sender.send(topic, p, chunk) for p, _, chunk in chunks]
+                resolve = functools.partial(_resolve, sent, chunks, count, outcome)
+                for s in sent:
+                    s.add_done_callback(resolve)
+        finally:  # the sender counts them now
+            with self._handed_lock:
+                self._handed -= handed
 
     def wait_for_room(self, needed: int, timeout: float) -> bool:
         async def wait() -> None:
