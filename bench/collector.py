@@ -124,6 +124,7 @@ from _common import (
     say,
     scratch_directory,
 )
+from headwater.testing.load.grpc import SEND_EVENT as GRPC_METHOD
 from headwater.testing.load.grpc import GrpcConnection
 from headwater.testing.load.http1 import HttpClient, HttpLoad, post_head
 from headwater.testing.load.requests import (
@@ -142,7 +143,6 @@ if TYPE_CHECKING:
 
 HOST = "127.0.0.1"
 PATH = "/api/v1/events"
-GRPC_METHOD = "/raystack.raccoon.v1beta1.EventService/SendEvent"
 EVENTS_PER_BATCH = 100
 EVENT_BYTES = 200
 IN_FLIGHT = 4  # requests a WebSocket connection may have sent and not yet seen acked

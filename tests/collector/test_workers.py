@@ -30,6 +30,7 @@ from headwater.testing import clients
 from headwater.testing.clients import OP_BINARY, RawWebSocket, raccoon_request, raccoon_response
 from headwater.testing.collector import CollectorProcess
 from headwater.testing.kafka import KafkaCluster
+from headwater.testing.load.grpc import SEND_EVENT, GrpcConnection
 from headwater.testing.load.http1 import HttpConnection
 from headwater.testing.proc_tree import tree_pids
 from headwater.testing.waiting import until, wait_until
@@ -344,6 +345,51 @@ def test_both_workers_serve_and_every_ack_is_durable(tmp_path: Path) -> None:
     assert len(owners) == WORKERS and sum(owners.values()) == 40, owners
     assert sample(metrics, "headwater_collector_connections") == 40
     assert sorted(values) == sorted(b"e-%d" % i for i in range(40))
+
+
+def test_one_grpc_connections_calls_are_served_by_both_workers(tmp_path: Path) -> None:
+    """A connection lives in one worker, but its calls in flight are shared with the other
+    (``collector.sharing``): every call answered as its own, every event durable once."""
+    calls, per_call = 200, 5
+    sent = {i: [b"g-%d-%d" % (i, j) for j in range(per_call)] for i in range(calls)}
+
+    async def scenario(c: Running, grpc_port: int) -> tuple[dict[int, Any], str]:
+        loop = asyncio.get_running_loop()
+        replies: dict[int, Any] = {}
+        all_in = loop.create_future()
+
+        def on_reply(token: int, reply: bytes | None, problem: str) -> None:
+            replies[token] = raccoon_response(reply) if reply is not None else problem
+            if len(replies) == calls:
+                all_in.set_result(None)
+
+        _, conn = await loop.create_connection(
+            lambda: GrpcConnection(f"{HOST}:{grpc_port}", SEND_EVENT, on_reply), HOST, grpc_port
+        )
+        await asyncio.wait_for(conn.ready, ANSWER_S)
+        for i, values in sent.items():
+            conn.call(raccoon_request(f"g-{i}", [(TYPE, v) for v in values]), i)
+        await asyncio.wait_for(all_in, 60)
+        conn.close()
+        http = await http_open(c.port)
+        metrics = await http.metrics()
+        await http.close()
+        return replies, metrics
+
+    config_file = write_config(tmp_path)
+    with start(config_file) as c:
+        line = c.process.wait_for_line("headwater: gRPC EventService on ")
+        grpc_port = int(line.split()[4].rsplit(":", 1)[1])
+        replies, metrics = asyncio.run(scenario(c, grpc_port))
+        values = stored(config_file)
+    for i in range(calls):
+        assert not isinstance(replies[i], str), replies[i]
+        assert (replies[i].status, replies[i].data["req_guid"]) == (SUCCESS, f"g-{i}")
+    assert sorted(values) == sorted(v for vs in sent.values() for v in vs)
+    shared = "headwater_collector_grpc_calls_shared_total"
+    handed = sample(metrics, shared, way="handed")
+    assert handed and handed == sample(metrics, shared, way="taken"), metrics
+    assert not sample(metrics, shared, way="declined")
 
 
 def test_connection_limit_per_identity_holds_across_workers(tmp_path: Path) -> None:

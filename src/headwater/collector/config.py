@@ -181,6 +181,13 @@ class CollectorConfig(Section):
         "runs in the main process.",
     )
 
+    share_grpc_calls: bool = Field(
+        True,
+        description="With several intake workers, a worker serving more gRPC calls than its "
+        "sibling hands it some (one HTTP/2 connection's calls then use more than one core); "
+        "false: a connection's calls are all served by the worker that accepted it.",
+    )
+
     @field_validator("workers")
     @classmethod
     def _workers(cls, v: int | str) -> int | str:

@@ -92,6 +92,14 @@ class Metrics:
             "Batches acked on receipt (ack: received) that the log did not store",
             registry=r,
         )
+        self.grpc_shared = Counter(
+            p + "grpc_calls_shared",
+            "gRPC calls this intake worker handed to its sibling (handed), served for it "
+            "(taken), or had declined by it and served itself (declined)",
+            ["way"],
+            registry=r,
+        )
+        self.shared = _Children(self.grpc_shared.labels)
         self._types: set[str] = set()
         # labelled children, by their labels (bounded as the labels are)
         self._received = _Children(

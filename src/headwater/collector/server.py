@@ -38,7 +38,7 @@ from websockets.http11 import Response
 from headwater.collector import websocket
 from headwater.collector.deadline import TIMEOUT_RESPONSE, HeadDeadline
 from headwater.collector.errors import Rejected
-from headwater.collector.grpc_server import GrpcServer
+from headwater.collector.grpc_server import GrpcServer, Handle
 from headwater.collector.metrics import StatsdExporter
 from headwater.collector.protocols import raccoon
 from headwater.collector.service import Collector, Connection, HttpRequest
@@ -173,8 +173,11 @@ class CollectorServer:
         grpc_port: int | None,
         echo: Callable[[str], None] = lambda _: None,
         sock: socket.socket | None = None,
+        grpc_handle: Handle | None = None,
     ) -> None:
         self.collector = collector
+        # what serves a gRPC call (an intake worker's shares them: collector.sharing)
+        self.grpc_handle = grpc_handle or collector.raccoon_grpc
         self.sock = sock  # a listening socket made for this server (an intake worker's)
         self.host = host
         self.port = port
@@ -244,7 +247,7 @@ class CollectorServer:
             self.port = self._listener.sockets[0].getsockname()[1]
         if self.grpc_port is not None:
             self._grpc = GrpcServer(
-                self.collector.raccoon_grpc,
+                self.grpc_handle,
                 self.host,
                 self.grpc_port,
                 limits.max_body_bytes,

@@ -14,19 +14,24 @@ Worker to host:
     CALL        JSON ``{"op": ...}``: topic partitions, readiness, merged metrics
     SNAPSHOT    JSON: this worker's metric samples (the answer to ASK)
     READY       the worker serves its ports (no answer)
+    HAND        a gRPC call (``call_payload``) for a sibling worker to serve; answered by a
+                RESULT carrying the sibling's TAKEN payload
+    TAKEN       the answer to a TAKE: status u8 (OK, DECLINED: not started, FAILED), the
+                helper's active calls u16, then the call's response message
 
 Host to worker:
     RESULT      status u8, then bases (u16 count, i64 each) for APPEND, JSON for CALL,
                 or an error (ERROR_* status, UTF-8 message; for CONN_OPEN a JSON refusal)
     ASK         send a SNAPSHOT with this id
     NOTICE      JSON state every worker must know (the admission refusal)
+    TAKE        a sibling's HAND, to serve and answer with TAKEN (the same id)
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from headwater.bus.embedded import format as fmt
@@ -40,10 +45,12 @@ BATCH = struct.Struct("<HiIIqqIIq")
 COUNT = struct.Struct("<H")
 BASE = struct.Struct("<q")
 
-APPEND, CONN_OPEN, CONN_CLOSE, CALL, SNAPSHOT, READY = 1, 2, 3, 4, 5, 6
-RESULT, ASK, NOTICE = 16, 17, 18
+APPEND, CONN_OPEN, CONN_CLOSE, CALL, SNAPSHOT, READY, HAND, TAKEN = 1, 2, 3, 4, 5, 6, 7, 8
+RESULT, ASK, NOTICE, TAKE = 16, 17, 18, 19
 
-OK, ERROR_UNAVAILABLE, ERROR_INVALID, ERROR_REFUSED, ERROR_FAILED = 0, 1, 2, 3, 4
+OK, ERROR_UNAVAILABLE, ERROR_INVALID, ERROR_REFUSED, ERROR_FAILED, DECLINED = 0, 1, 2, 3, 4, 5
+CALL_HEAD = struct.Struct("<I")  # the length of a handed call's JSON part
+TAKEN_HEAD = struct.Struct("<BH")  # status, the helper's active calls
 
 MAX_FRAME = 1 << 30
 
@@ -116,6 +123,32 @@ def read_append(
         batch = fmt.EncodedBatch(body, crc, count, last, first_ts, max_ts)  # type: ignore[arg-type]
         out.append((topic, None if partition < 0 else partition, batch))
     return out
+
+
+def call_payload(message: bytes, metadata: Mapping[str, str], peer: str) -> list[bytes]:
+    """A HAND payload's parts: a gRPC call's metadata and peer (JSON), then its message."""
+    doc = json.dumps({"m": dict(metadata), "p": peer}, separators=(",", ":")).encode()
+    return [CALL_HEAD.pack(len(doc)), doc, message]
+
+
+def read_call(payload: memoryview) -> tuple[bytes, dict[str, str], str]:
+    """A TAKE payload: the call's message, metadata and peer."""
+    (n,) = CALL_HEAD.unpack_from(payload, 0)
+    start = CALL_HEAD.size + n
+    if start > len(payload):
+        raise ValueError("a handed call cut off in its metadata")
+    doc = json.loads(bytes(payload[CALL_HEAD.size : start]))
+    return bytes(payload[start:]), doc["m"], doc["p"]
+
+
+def taken_payload(status: int, active: int, response: bytes = b"") -> bytes:
+    return TAKEN_HEAD.pack(status, min(active, 0xFFFF)) + response
+
+
+def read_taken(payload: memoryview) -> tuple[int, int, bytes]:
+    """A TAKEN payload: its status, the helper's active calls, the response message."""
+    status, active = TAKEN_HEAD.unpack_from(payload, 0)
+    return status, active, bytes(payload[TAKEN_HEAD.size :])
 
 
 def bases_payload(bases: Sequence[int]) -> bytes:

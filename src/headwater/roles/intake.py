@@ -63,6 +63,7 @@ async def _serve(
     from headwater.collector.ring import Ring
     from headwater.collector.server import CollectorServer
     from headwater.collector.service import Collector
+    from headwater.collector.sharing import CallSharing
 
     stop = asyncio.Event()
     stop_on_signals(stop)
@@ -80,7 +81,10 @@ async def _serve(
     )
     store = await open_webhooks(config, bus, collector)
     host, port = sock.getsockname()[:2]
-    server = CollectorServer(collector, host, port, grpc_port, sock=sock)
+    sharing = None
+    if config.collector.share_grpc_calls:
+        sharing = CallSharing(collector.raccoon_grpc, link, metrics)
+    server = CollectorServer(collector, host, port, grpc_port, sock=sock, grpc_handle=sharing)
     try:
         await server.start()
         if server.certificate is not None:
@@ -97,6 +101,8 @@ async def _serve(
         if closed.done():
             log.error("the process that holds the log has gone; this intake worker stops")
     finally:
+        if sharing is not None:  # the sibling's calls first: its own stop may wait on them
+            await sharing.close(config.collector.shutdown_grace_s)
         await server.stop()
         link.close()
         if store is not None:

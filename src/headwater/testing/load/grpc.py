@@ -77,6 +77,10 @@ def request_block(authority: str, path: str) -> bytes:
     return b"".join(literal(n, v) for n, v in headers)
 
 
+# the path of Raccoon's unary call
+SEND_EVENT = "/raystack.raccoon.v1beta1.EventService/SendEvent"
+
+
 class _Call:
     __slots__ = ("body", "headers", "status", "token")
 
