@@ -218,12 +218,17 @@ class Link(EmbeddedEncoding, asyncio.Protocol):
         read: Callable[[memoryview], Any],
         release: _Release = None,
         answer: _Answer | None = None,
+        *,
+        now: bool = False,
     ) -> asyncio.Future[Any]:
         self._next = (self._next + 1) & 0xFFFFFFFF
         ident = self._next
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         try:
-            self._send(data(ident))
+            if now and self._transport is not None:  # not held to the turn's end
+                self._transport.write(data(ident))  # type: ignore[arg-type]
+            else:
+                self._send(data(ident))
         except LinkClosed as e:
             if answer is not None:
                 answer.set_exception(e)
@@ -357,11 +362,13 @@ class Link(EmbeddedEncoding, asyncio.Protocol):
         """Hand a gRPC call to a sibling worker: its TAKEN (status, the sibling's active calls,
         the response message)."""
         parts = wire.call_payload(message, metadata, peer)
-        return self._request(lambda ident: wire.frame(wire.HAND, ident, *parts), wire.read_taken)
+        return self._request(
+            lambda ident: wire.frame(wire.HAND, ident, *parts), wire.read_taken, now=True
+        )
 
     def answer_take(self, ident: int, payload: bytes) -> None:
-        with contextlib.suppress(LinkClosed):  # (the host failed the call when the link went)
-            self._send(wire.frame(wire.TAKEN, ident, payload))
+        if self._transport is not None:  # (gone: the host failed the call when the link went)
+            self._transport.write(wire.frame(wire.TAKEN, ident, payload))
 
     def ready(self) -> None:
         """Tell the host this worker serves its ports."""

@@ -16,7 +16,9 @@ What stays correct across workers, and how:
   a worker that goes away releases its connections;
 - ``req_guid`` dedup: per WebSocket connection, and a connection lives in one worker;
 - metrics: each worker counts its own, ``/metrics`` (on any worker) and the console sum them;
-- admission: evaluated in the main process, which tells every worker its refusal.
+- admission: evaluated in the main process, which tells every worker its refusal;
+- one gRPC connection's calls: a worker busier than its sibling hands it calls through the main
+  process (``collector.sharing``), and answers them on the connection it owns.
 
 With ``bus: kafka`` the workers are independent producers; the main process still keeps the
 shared connection counts. A worker that exits unexpectedly is forked again (its listening
