@@ -9,11 +9,6 @@ Each worker has one socket to this process (``wire`` frames) and one thread here
   identity and in total hold across them; a worker that goes away releases its connections.
 - CALL: a topic's partition count (the worker partitions keyed events), readiness (``up``'s
   destinations), and the merged metrics.
-- HAND / TAKEN: a worker whose loop is busier than its sibling's hands it some of its gRPC
-  calls (``collector.sharing``); this side passes each on as a TAKE to the live sibling with
-  the fewest handed calls, and the sibling's TAKEN back to the caller as its RESULT. With no
-  sibling the call is DECLINED at once (the caller serves it); a sibling that goes away fails
-  the calls it held (FAILED: their outcome is unknown).
 - Metrics: each worker keeps its own counters; on demand this side asks every worker for a
   snapshot (ASK) and sums them, keeping the last snapshot of a worker that went away (counters
   never go backwards; its connection gauge is dropped).
@@ -133,10 +128,6 @@ class WorkerLink:
             self.host.calls.submit(self._call, ident, json.loads(bytes(payload)))
         elif kind == wire.READY:
             self.ready = True
-        elif kind == wire.HAND:
-            self.host.hand(self, ident, payload)
-        elif kind == wire.TAKEN:
-            self.host.taken(ident, payload)
         elif kind == wire.SNAPSHOT:
             self.snapshot = json.loads(bytes(payload))
             event = self._waiting.pop(ident, None)
@@ -246,10 +237,6 @@ class LogHost:
         self.counting = threading.Lock()
         self._ask = 0
         self._refreshed_at = 0.0
-        # handed gRPC calls: relay id -> (the caller's link, its id, the helper's link)
-        self._relays: dict[int, tuple[WorkerLink, int, WorkerLink]] = {}
-        self._relay_next = 0
-        self._relay_lock = threading.Lock()
         self.notice: dict[str, Any] = {}
         # the counters of workers that went away (they never go backwards)
         self.retired: list[list[Any]] = []
@@ -266,43 +253,8 @@ class LogHost:
     def all_ready(self, count: int) -> bool:
         return sum(1 for link in self.links if link.alive and link.ready) >= count
 
-    def hand(self, source: WorkerLink, ident: int, payload: memoryview) -> None:
-        """Pass a worker's HAND on to a sibling, or decline it when there is none."""
-        with self._relay_lock:
-            held: dict[int, int] = {}
-            for _, _, helper in self._relays.values():
-                held[helper.index] = held.get(helper.index, 0) + 1
-            helpers = [x for x in self.links if x is not source and x.alive and x.ready]
-            helper = min(helpers, key=lambda x: held.get(x.index, 0), default=None)
-            if helper is not None:
-                self._relay_next = (self._relay_next + 1) & 0xFFFFFFFF
-                relay = self._relay_next
-                self._relays[relay] = (source, ident, helper)
-        if helper is None:
-            source.send(wire.frame(wire.RESULT, ident, wire.taken_payload(wire.DECLINED, 0)))
-            return
-        helper.send(wire.frame(wire.TAKE, relay, payload))
-
-    def taken(self, relay: int, payload: memoryview) -> None:
-        """A helper's answer to a TAKE: to the worker that handed the call."""
-        with self._relay_lock:
-            entry = self._relays.pop(relay, None)
-        if entry is not None and entry[0].alive:
-            entry[0].send(wire.frame(wire.RESULT, entry[1], payload))
-
     def gone(self, link: WorkerLink) -> None:
-        """A worker's link closed: release the connections it held, keep its counters, fail
-        the calls it was handed and forget those it handed."""
-        lost: list[tuple[WorkerLink, int]] = []
-        with self._relay_lock:
-            for relay, (source, ident, helper) in list(self._relays.items()):
-                if helper is link or source is link:
-                    del self._relays[relay]
-                    if helper is link and source.alive:
-                        lost.append((source, ident))
-        failed = wire.taken_payload(wire.ERROR_FAILED, 0, b"the intake worker serving it went away")
-        for source, ident in lost:
-            source.send(wire.frame(wire.RESULT, ident, failed))
+        """A worker's link closed: release the connections it held, keep its counters."""
         with self.counting:
             for identity, held in list(link.identities.items()):
                 for _ in range(held):

@@ -5,9 +5,8 @@ requests of a turn that each append one batch to the same topic and partition go
 batch (so the log frames, writes and answers one batch for them, not one per request); the
 answers of a group commit arrive together, so one read wakes every request they complete. The
 link also counts WebSocket connections against the shared limits, asks for readiness, topic
-sizes and the merged metrics, answers the host's requests for this worker's metric
-snapshot, and carries gRPC calls handed to a sibling worker and taken from one
-(``collector.sharing``).
+sizes and the merged metrics, and answers the host's requests for this worker's metric
+snapshot.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import contextlib
 import json
 import logging
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from headwater.bus.embedded import format as fmt
@@ -110,8 +109,6 @@ class Link(EmbeddedEncoding, asyncio.Protocol):
         self._next = 0
         self._topics: dict[str, int] = {}
         self.notice: dict[str, Any] = {}
-        # serves a sibling's handed call (TAKE): (its id, its payload); None: declined
-        self.on_take: Callable[[int, memoryview], None] | None = None
         self.closed = asyncio.Event()
 
     @classmethod
@@ -161,11 +158,6 @@ class Link(EmbeddedEncoding, asyncio.Protocol):
                 self._send(wire.json_frame(wire.SNAPSHOT, ident, self._snapshot()))
             elif kind == wire.NOTICE:
                 self.notice.update(json.loads(bytes(payload)))
-            elif kind == wire.TAKE:
-                if self.on_take is None:
-                    self.answer_take(ident, wire.taken_payload(wire.DECLINED, 0))
-                else:
-                    self.on_take(ident, payload)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
@@ -218,17 +210,12 @@ class Link(EmbeddedEncoding, asyncio.Protocol):
         read: Callable[[memoryview], Any],
         release: _Release = None,
         answer: _Answer | None = None,
-        *,
-        now: bool = False,
     ) -> asyncio.Future[Any]:
         self._next = (self._next + 1) & 0xFFFFFFFF
         ident = self._next
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         try:
-            if now and self._transport is not None:  # not held to the turn's end
-                self._transport.write(data(ident))  # type: ignore[arg-type]
-            else:
-                self._send(data(ident))
+            self._send(data(ident))
         except LinkClosed as e:
             if answer is not None:
                 answer.set_exception(e)
@@ -355,20 +342,6 @@ class Link(EmbeddedEncoding, asyncio.Protocol):
         await self._request(
             lambda ident: wire.frame(wire.CONN_OPEN, ident, identity.encode()), _admitted
         )
-
-    def hand(
-        self, message: bytes, metadata: Mapping[str, str], peer: str
-    ) -> asyncio.Future[tuple[int, int, bytes]]:
-        """Hand a gRPC call to a sibling worker: its TAKEN (status, the sibling's active calls,
-        the response message)."""
-        parts = wire.call_payload(message, metadata, peer)
-        return self._request(
-            lambda ident: wire.frame(wire.HAND, ident, *parts), wire.read_taken, now=True
-        )
-
-    def answer_take(self, ident: int, payload: bytes) -> None:
-        if self._transport is not None:  # (gone: the host failed the call when the link went)
-            self._transport.write(wire.frame(wire.TAKEN, ident, payload))
 
     def ready(self) -> None:
         """Tell the host this worker serves its ports."""

@@ -14,17 +14,19 @@ Worker to host:
     CALL        JSON ``{"op": ...}``: topic partitions, readiness, merged metrics
     SNAPSHOT    JSON: this worker's metric samples (the answer to ASK)
     READY       the worker serves its ports (no answer)
-    HAND        a gRPC call (``call_payload``) for a sibling worker to serve; answered by a
-                RESULT carrying the sibling's TAKEN payload
-    TAKEN       the answer to a TAKE: status u8 (OK, DECLINED: not started, FAILED), the
-                helper's active calls u16, then the call's response message
 
 Host to worker:
     RESULT      status u8, then bases (u16 count, i64 each) for APPEND, JSON for CALL,
                 or an error (ERROR_* status, UTF-8 message; for CONN_OPEN a JSON refusal)
     ASK         send a SNAPSHOT with this id
     NOTICE      JSON state every worker must know (the admission refusal)
-    TAKE        a sibling's HAND, to serve and answer with TAKEN (the same id)
+
+Between two workers, on the socket one opened to the other (``collector.sharing``), the same
+frames:
+    HAND        a gRPC call (``call_payload``) for the other worker to serve
+    TAKEN       its answer (the same id): status u8 (OK, DECLINED: not started, ERROR_FAILED),
+                the serving worker's calls in progress u16, then the call's response message
+                (for ERROR_FAILED: why, UTF-8)
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ BATCH = struct.Struct("<HiIIqqIIq")
 COUNT = struct.Struct("<H")
 BASE = struct.Struct("<q")
 
-APPEND, CONN_OPEN, CONN_CLOSE, CALL, SNAPSHOT, READY, HAND, TAKEN = 1, 2, 3, 4, 5, 6, 7, 8
-RESULT, ASK, NOTICE, TAKE = 16, 17, 18, 19
+APPEND, CONN_OPEN, CONN_CLOSE, CALL, SNAPSHOT, READY = 1, 2, 3, 4, 5, 6
+RESULT, ASK, NOTICE = 16, 17, 18
+HAND, TAKEN = 32, 33
 
 OK, ERROR_UNAVAILABLE, ERROR_INVALID, ERROR_REFUSED, ERROR_FAILED, DECLINED = 0, 1, 2, 3, 4, 5
 CALL_HEAD = struct.Struct("<I")  # the length of a handed call's JSON part
@@ -132,7 +135,7 @@ def call_payload(message: bytes, metadata: Mapping[str, str], peer: str) -> list
 
 
 def read_call(payload: memoryview) -> tuple[bytes, dict[str, str], str]:
-    """A TAKE payload: the call's message, metadata and peer."""
+    """A HAND payload: the call's message, metadata and peer."""
     (n,) = CALL_HEAD.unpack_from(payload, 0)
     start = CALL_HEAD.size + n
     if start > len(payload):
@@ -146,7 +149,7 @@ def taken_payload(status: int, active: int, response: bytes = b"") -> bytes:
 
 
 def read_taken(payload: memoryview) -> tuple[int, int, bytes]:
-    """A TAKEN payload: its status, the helper's active calls, the response message."""
+    """A TAKEN payload: its status, the serving worker's calls, the response message."""
     status, active = TAKEN_HEAD.unpack_from(payload, 0)
     return status, active, bytes(payload[TAKEN_HEAD.size :])
 

@@ -17,8 +17,8 @@ What stays correct across workers, and how:
 - ``req_guid`` dedup: per WebSocket connection, and a connection lives in one worker;
 - metrics: each worker counts its own, ``/metrics`` (on any worker) and the console sum them;
 - admission: evaluated in the main process, which tells every worker its refusal;
-- one gRPC connection's calls: a worker busier than its sibling hands it calls through the main
-  process (``collector.sharing``), and answers them on the connection it owns.
+- one gRPC connection's calls: a worker busier than a sibling hands it calls over a socket of
+  their own (``collector.sharing``), and answers them on the connection it owns.
 
 With ``bus: kafka`` the workers are independent producers; the main process still keeps the
 shared connection counts. A worker that exits unexpectedly is forked again (its listening
@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 
 from headwater.collector.config import CollectorConfig
 from headwater.collector.ring import shared_mapping
+from headwater.collector.sharing import Siblings
 
 if TYPE_CHECKING:
     from headwater.collector.host import LogHost
@@ -108,10 +109,19 @@ def _socket(host: str, port: int, *, listen: bool) -> socket.socket:
 
 
 # What a forked worker runs: (config, its listening socket, the gRPC port, its end of the link,
-# its shared ring) -> exit code. The process assembling the roles provides it, so a worker serves
-# what that process would (the collector with its webhook intake).
+# its shared ring, where it stands among its siblings) -> exit code. The process assembling the
+# roles provides it, so a worker serves what that process would (the collector with its webhook
+# intake).
 WorkerMain = Callable[
-    ["HeadwaterConfig", socket.socket, "int | None", socket.socket, "mmap.mmap | None"], int
+    [
+        "HeadwaterConfig",
+        socket.socket,
+        "int | None",
+        socket.socket,
+        "mmap.mmap | None",
+        Siblings,
+    ],
+    int,
 ]
 
 
@@ -175,7 +185,10 @@ class IntakeWorkers:
                     link.close()
                 if self._grpc_hold is not None:
                     self._grpc_hold.close()
-                code = self.main(self.config, self.sockets[index], self.grpc_port, theirs, ring)
+                siblings = Siblings(index, self.count, str(parent))
+                code = self.main(
+                    self.config, self.sockets[index], self.grpc_port, theirs, ring, siblings
+                )
             except BaseException:
                 traceback.print_exc()
             finally:

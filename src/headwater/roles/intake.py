@@ -19,6 +19,7 @@ from headwater.roles.base import on_hangup, stop_on_signals
 
 if TYPE_CHECKING:
     from headwater.collector.service import Collector
+    from headwater.collector.sharing import Siblings
     from headwater.webhooks.state import StateStore
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ def run_worker(
     grpc_port: int | None,
     link: socket.socket,
     ring: mmap.mmap | None = None,
+    siblings: Siblings | None = None,
 ) -> int:
     """Serve until SIGTERM (or until the main process goes away); the exit code. With
     ``collector.tls``, SIGHUP (passed on by the main process) reloads the certificate."""
@@ -45,7 +47,7 @@ def run_worker(
     except ImportError:  # pragma: no cover - uvloop is a dependency
         factory = asyncio.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(_serve(config, sock, grpc_port, link, ring))
+        runner.run(_serve(config, sock, grpc_port, link, ring, siblings))
     return 0
 
 
@@ -55,6 +57,7 @@ async def _serve(
     grpc_port: int | None,
     link_sock: socket.socket,
     ring: mmap.mmap | None,
+    siblings: Siblings | None,
 ) -> None:
     from headwater.bus import open_bus
     from headwater.collector.link import Link
@@ -82,11 +85,13 @@ async def _serve(
     store = await open_webhooks(config, bus, collector)
     host, port = sock.getsockname()[:2]
     sharing = None
-    if config.collector.share_grpc_calls:
-        sharing = CallSharing(collector.raccoon_grpc, link, metrics)
+    if config.collector.share_grpc_calls and siblings is not None and siblings.count > 1:
+        sharing = CallSharing(collector.raccoon_grpc, metrics, siblings)
     server = CollectorServer(collector, host, port, grpc_port, sock=sock, grpc_handle=sharing)
     try:
         await server.start()
+        if sharing is not None:
+            await sharing.start()
         if server.certificate is not None:
             on_hangup(server.reload_tls)
         gc.collect()
@@ -104,6 +109,8 @@ async def _serve(
         if sharing is not None:  # the sibling's calls first: its own stop may wait on them
             await sharing.close(config.collector.shutdown_grace_s)
         await server.stop()
+        if sharing is not None:
+            sharing.disconnect()
         link.close()
         if store is not None:
             store.close()
