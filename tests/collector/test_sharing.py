@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import uvloop
 
 from headwater.collector import wire
 from headwater.collector.metrics import Metrics
-from headwater.collector.sharing import CallSharing, HandedCallFailed, Siblings
+from headwater.collector.sharing import CallSharing, HandedCallFailed, Siblings, SpareCpu
 from headwater.testing.waiting import until
 
 CALLS = 40
@@ -248,3 +250,38 @@ def test_a_process_that_is_not_a_sibling_is_refused() -> None:
             assert b.started == 0 and b.count("taken") == 0
 
     uvloop.run(run())  # (the loop intake workers run)
+
+
+def test_calls_are_handed_only_while_the_machine_has_a_spare_core(tmp_path: Path) -> None:
+    """``share_grpc_calls: auto``: idle time from /proc/stat's first line (here a file the test
+    writes), on at 0.4 of a core idle, off below 0.1, in between as it was."""
+    stat = tmp_path / "stat"
+
+    def write(idle: int, busy: int) -> None:  # jiffies: user nice system idle iowait ...
+        stat.write_text(f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\ncpu0 ...\n")
+
+    write(0, 0)
+    spare = SpareCpu(str(stat))
+    cores = os.cpu_count() or 1
+    steps = [(0.05, False), (0.3, False), (0.5, True), (0.2, True), (0.09, False)]
+    idle = busy = 0
+    for idle_cores, expected in steps:
+        idle += round(1000 * idle_cores / cores)
+        busy += 1000 - round(1000 * idle_cores / cores)
+        write(idle, busy)
+        spare._next = 0.0  # (the window is over)
+        assert spare() is expected, (idle_cores, spare.idle_cores)
+
+    async def run() -> None:
+        async with workers() as (a, b):
+            a.sharing._spare = lambda: False
+            calls = [asyncio.ensure_future(call(a, n)) for n in range(6)]
+            await until(lambda: a.started == 6, "every call served here")
+            a.sharing._spare = lambda: True
+            calls += [asyncio.ensure_future(call(a, n)) for n in range(6, 12)]
+            await until(lambda: b.started == 6, "the next ones handed")
+            a.release.set()
+            b.release.set()
+            assert len(await asyncio.gather(*calls)) == 12
+
+    uvloop.run(run())

@@ -45,6 +45,7 @@ EMBEDDED = "  embedded:\n    durability: always\n"
 COLLECTOR = """\
 collector:
   workers: 2
+  share_grpc_calls: always
   ack: durable
   admission:
     min_free_disk_bytes: null

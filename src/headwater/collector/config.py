@@ -181,11 +181,12 @@ class CollectorConfig(Section):
         "runs in the main process.",
     )
 
-    share_grpc_calls: bool = Field(
-        True,
-        description="With several intake workers, a worker serving more gRPC calls than its "
-        "sibling hands it some (one HTTP/2 connection's calls then use more than one core); "
-        "false: a connection's calls are all served by the worker that accepted it.",
+    share_grpc_calls: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="With several intake workers, a worker serving more gRPC calls than a "
+        "sibling hands it some, so one HTTP/2 connection's calls use more than one core. auto: "
+        "while the machine has a spare core to use (handing a call costs CPU of its own); "
+        "always; never: a connection's calls are all served by the worker that accepted it.",
     )
 
     @field_validator("workers")

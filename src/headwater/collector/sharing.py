@@ -18,6 +18,13 @@ the least busy sibling. A sibling's count is the larger of the calls handed to i
 answered and what its last answer said it was serving (trusted for ``SIBLING_FRESH_S``). One
 call at a time is never handed; calls in flight are spread so each process serves its share.
 
+Handing a call costs CPU of its own (its bytes cross a socket both ways, and each process
+produces its own, smaller, requests to the log). So with ``share_grpc_calls: auto`` a worker
+hands calls only while the machine has a spare core to put them on (``SpareCpu``, read from
+``/proc/stat`` each ``SpareCpu.EVERY_S``): it starts when a window of it saw at least
+``SpareCpu.ON`` of a core idle, and stops when one saw less than ``SpareCpu.OFF``. When
+brokers or other work fill the cores, every call is served where it arrived.
+
 A sibling that is stopping declines a call before starting it, and it is served here. A sibling
 that goes away while serving one fails it: the client gets an error (its outcome is unknown, as
 when the collector itself stops mid-call) and sends it again. A worker reports itself ready once
@@ -32,7 +39,8 @@ import logging
 import os
 import socket
 import struct
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from headwater.collector import wire
@@ -58,6 +66,54 @@ class Siblings:
 
     def address(self, index: int) -> str:
         return f"\0headwater-intake-{self.group}-{index}"
+
+
+class SpareCpu:
+    """Whether the machine has had a spare core of late: idle time across every CPU in the
+    last window of ``EVERY_S``, with hysteresis (on at ``ON`` cores idle, off below ``OFF``).
+    Without ``/proc/stat`` it always says yes."""
+
+    EVERY_S = 1.0
+    ON = 0.4
+    OFF = 0.1
+
+    def __init__(self, path: str = "/proc/stat") -> None:
+        self._path = path
+        self._last = self._read()
+        self._next = time.monotonic() + self.EVERY_S
+        self.spare = True
+        self.idle_cores = float("nan")
+
+    def _read(self) -> tuple[int, int] | None:
+        """(idle, total) jiffies, summed over every CPU."""
+        try:
+            with open(self._path) as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return fields[3] + fields[4], sum(fields[:8])
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return self.spare
+        self._next = now + self.EVERY_S
+        current = self._read()
+        if current is None or self._last is None:
+            self._last = current
+            return self.spare
+        idle, total = current[0] - self._last[0], current[1] - self._last[1]
+        self._last = current
+        if total > 0:
+            self.idle_cores = idle / total * (os.cpu_count() or 1)
+            self.observe(self.idle_cores)
+        return self.spare
+
+    def observe(self, idle_cores: float) -> None:
+        if self.spare and idle_cores < self.OFF:
+            self.spare = False
+        elif not self.spare and idle_cores >= self.ON:
+            self.spare = True
 
 
 class HandedCallFailed(Exception):
@@ -185,8 +241,15 @@ class _Taker(asyncio.Protocol):
 class CallSharing:
     """A worker's gRPC handle that hands calls to its siblings, and serves theirs."""
 
-    def __init__(self, handle: Handle, metrics: Metrics, siblings: Siblings) -> None:
+    def __init__(
+        self,
+        handle: Handle,
+        metrics: Metrics,
+        siblings: Siblings,
+        spare: Callable[[], bool] | None = None,
+    ) -> None:
         self._handle = handle
+        self._spare = spare  # None: hand whenever the balance says so
         self._metrics = metrics
         self.siblings = siblings
         self.serving = 0  # calls being served here: this worker's and its siblings'
@@ -277,6 +340,8 @@ class CallSharing:
     def _least_busy(self) -> _Sibling | None:
         """The sibling to hand the next call to, or None: serve it here."""
         if not self.serving or self._closed or not self._peers:
+            return None
+        if self._spare is not None and not self._spare():
             return None
         sibling = min(self._peers.values(), key=lambda s: s.load)
         return sibling if sibling.load < self.serving else None

@@ -66,7 +66,7 @@ async def _serve(
     from headwater.collector.ring import Ring
     from headwater.collector.server import CollectorServer
     from headwater.collector.service import Collector
-    from headwater.collector.sharing import CallSharing
+    from headwater.collector.sharing import CallSharing, SpareCpu
 
     stop = asyncio.Event()
     stop_on_signals(stop)
@@ -85,8 +85,10 @@ async def _serve(
     store = await open_webhooks(config, bus, collector)
     host, port = sock.getsockname()[:2]
     sharing = None
-    if config.collector.share_grpc_calls and siblings is not None and siblings.count > 1:
-        sharing = CallSharing(collector.raccoon_grpc, metrics, siblings)
+    mode = config.collector.share_grpc_calls
+    if mode != "never" and siblings is not None and siblings.count > 1:
+        spare = SpareCpu() if mode == "auto" else None
+        sharing = CallSharing(collector.raccoon_grpc, metrics, siblings, spare)
     server = CollectorServer(collector, host, port, grpc_port, sock=sock, grpc_handle=sharing)
     try:
         await server.start()
