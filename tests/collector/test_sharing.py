@@ -82,6 +82,17 @@ async def call(w: Worker, n: int) -> bytes:
     return await w.sharing(b"call-%d" % n, {"x-user-id": "u1"}, "10.0.0.7")
 
 
+async def one_here_one_handed(
+    a: Worker, b: Worker
+) -> tuple[asyncio.Future[bytes], asyncio.Future[bytes]]:
+    """Two calls on ``a``: the first served there, the second handed to ``b`` (both held)."""
+    first = asyncio.ensure_future(call(a, 0))
+    await until(lambda: a.started == 1, "the first call started here")
+    second = asyncio.ensure_future(call(a, 1))
+    await until(lambda: b.started == 1, "the second call handed")
+    return first, second
+
+
 def test_calls_in_flight_are_spread_over_both_workers() -> None:
     async def run() -> None:
         async with workers() as (a, b):
@@ -144,10 +155,7 @@ def test_a_stopping_sibling_declines_and_the_call_is_served_here() -> None:
 def test_a_stopping_worker_finishes_what_it_took_before_it_answers_no_more() -> None:
     async def run() -> None:
         async with workers() as (a, b):
-            first = asyncio.ensure_future(call(a, 0))
-            await until(lambda: a.started == 1, "the first call started here")
-            second = asyncio.ensure_future(call(a, 1))
-            await until(lambda: b.started == 1, "the second call handed")
+            first, second = await one_here_one_handed(a, b)
             closing = asyncio.ensure_future(b.sharing.close(10.0))
             await until(lambda: not b.sharing._taking, "b closing")
             assert not closing.done()  # waiting for the call it took
@@ -185,10 +193,7 @@ def test_a_call_the_sibling_fails_fails_with_its_reason() -> None:
     async def run() -> None:
         async with workers() as (a, b):
             b.fail = True
-            first = asyncio.ensure_future(call(a, 0))
-            await until(lambda: a.started == 1, "the first call started here")
-            second = asyncio.ensure_future(call(a, 1))
-            await until(lambda: b.started == 1, "the second call handed")
+            first, second = await one_here_one_handed(a, b)
             b.release.set()
             with pytest.raises(HandedCallFailed, match=r"b cannot serve b'call-1'"):
                 await second
@@ -202,10 +207,7 @@ def test_a_call_the_sibling_fails_fails_with_its_reason() -> None:
 def test_a_sibling_that_goes_away_fails_the_calls_it_held_and_no_call_hangs() -> None:
     async def run() -> None:
         async with workers() as (a, b):
-            first = asyncio.ensure_future(call(a, 0))
-            await until(lambda: a.started == 1, "the first call started here")
-            second = asyncio.ensure_future(call(a, 1))
-            await until(lambda: b.started == 1, "the second call handed")
+            first, second = await one_here_one_handed(a, b)
             b.sharing.disconnect()  # as when its process dies: its sockets close
             with pytest.raises(HandedCallFailed, match="went away"):
                 await asyncio.wait_for(second, 10)
