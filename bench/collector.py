@@ -1172,18 +1172,12 @@ def compare_buses(run: Run) -> None:
 
 def jit_seconds(pids: Sequence[int]) -> float:
     """CPU seconds the JVMs ``pids`` have spent in their JIT compiler threads (Linux)."""
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError, IndexError, ValueError):
-                    with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                        if "CompilerThre" not in f.read():
-                            continue
-                    with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                        fields = f.read().rsplit(")", 1)[1].split()
-                    total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    return sum(
+        cpu_s
+        for pid in pids
+        for name, cpu_s in sample_process(pid).threads.values()
+        if "CompilerThre" in name
+    )
 
 
 def warm_up(run: Run, collector: Collector) -> None:

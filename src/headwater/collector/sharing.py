@@ -343,8 +343,8 @@ class CallSharing:
             return None
         if self._spare is not None and not self._spare():
             return None
-        sibling = min(self._peers.values(), key=lambda s: s.load)
-        return sibling if sibling.load < self.serving else None
+        load, _, sibling = min((s.load, i, s) for i, s in self._peers.items())
+        return sibling if load < self.serving else None
 
     async def _serve(self, message: bytes, metadata: Mapping[str, str], peer: str) -> bytes:
         self.serving += 1
