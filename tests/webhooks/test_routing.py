@@ -5,12 +5,14 @@ webhook messages are named as such."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from pathlib import Path
 
 import pytest
 
 from headwater.bus.names import check_topic_name
+from headwater.bus.records import Message
 from headwater.webhooks.config import WebhooksConfig
 from headwater.webhooks.routing import (
     FAILED_MESSAGES,
@@ -22,7 +24,7 @@ from headwater.webhooks.routing import (
     pending_from_receiver,
     to_receiver,
 )
-from headwater.webhooks.state import Status
+from headwater.webhooks.state import StateStore, Status
 from headwater.webhooks.state.sqlite import SqliteState
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
@@ -31,20 +33,26 @@ CONFIG = WebhooksConfig.model_validate(
 )
 
 
+def _route(
+    store: StateStore, config: WebhooksConfig, message: WebhookMessage, now: float
+) -> list[tuple[str, Message]]:
+    return asyncio.run(from_sender(store.on_loop(), config, message, now))
+
+
 def test_recorded_once_routed_while_still_arrived(tmp_path: Path) -> None:
     store = SqliteState(tmp_path / "s.sqlite")
     message = WebhookMessage("github", "m1", "ci", b'{"ref": "main"}')
-    (routed,) = from_sender(store, CONFIG, message, 1.0)
+    (routed,) = _route(store, CONFIG, message, 1.0)
     assert routed[0] == "webhooks.to_receiver.ci"
     assert WebhookMessage.from_record(routed[1].value, routed[1].headers) == message
     assert routed[1].key == b"github"  # partitioned by source
     # read again before its routing was committed: routed again, as first recorded (the
     # receiver's step delivers only an ARRIVED message)
     repeat = WebhookMessage("github", "m1", "ci", b'{"ref": "other"}')
-    ((_, again),) = from_sender(store, CONFIG, repeat, 2.0)
+    ((_, again),) = _route(store, CONFIG, repeat, 2.0)
     assert WebhookMessage.from_record(again.value, again.headers) == message
     store.advance("github", "m1", Status.DELIVERED_TO_RECEIVER, 3.0)
-    assert from_sender(store, CONFIG, message, 4.0) == []  # sent again by the sender: dropped
+    assert _route(store, CONFIG, message, 4.0) == []  # sent again by the sender: dropped
     state = store.get("github", "m1")
     assert state is not None and state.created_at == 1.0
 
@@ -52,7 +60,7 @@ def test_recorded_once_routed_while_still_arrived(tmp_path: Path) -> None:
 def test_an_unknown_receiver_fails_with_a_reason(tmp_path: Path) -> None:
     store = SqliteState(tmp_path / "s.sqlite")
     message = WebhookMessage("github", "m2", "nobody", b"{}")
-    ((topic, record),) = from_sender(store, CONFIG, message, 1.0)
+    ((topic, record),) = _route(store, CONFIG, message, 1.0)
     assert topic == FAILED_MESSAGES
     assert (
         "no receiver named 'nobody'"

@@ -114,6 +114,8 @@ async def _serve(
         if sharing is not None:
             sharing.disconnect()
         link.close()
+        if collector.webhooks is not None:
+            await collector.webhooks.close()
         if store is not None:
             store.close()
         if bus is not None:

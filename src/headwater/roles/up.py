@@ -239,6 +239,8 @@ class _InProcess(_Front):
 
     async def stop(self) -> None:
         await self.server.stop()
+        if self.collector.webhooks is not None:
+            await self.collector.webhooks.close()
 
 
 class _Workers(_Front):

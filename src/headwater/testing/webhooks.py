@@ -205,7 +205,11 @@ def run_steps(
             async def respond(state: MessageState) -> None:
                 responded.append(state)
 
-            return await make(Receiving(store, config, session, respond))
+            ctx = Receiving(store, config, session, respond)
+            try:
+                return await make(ctx)
+            finally:
+                await ctx.state.close()
 
     return asyncio.run(go())
 

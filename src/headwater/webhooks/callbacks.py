@@ -47,21 +47,21 @@ def callback_body(state: MessageState) -> bytes:
 async def to_sender(
     ctx: Receiving, source_id: str, message_id: str, from_topic: bool = False
 ) -> Step:
-    state = ctx.store.get(source_id, message_id)
+    state = await ctx.state.get(source_id, message_id)
     if state is None or state.status is not Status.RESPONSE_RECEIVED_FROM_RECEIVER:
         return Step.SKIPPED
     source = ctx.config.source(source_id)
     if source is None or source.callback_url is None:
-        return _done(ctx, state)
+        return await _done(ctx, state)
     endpoint = ctx.callback_endpoint(source)
     now = ctx.clock()
     due = not_before(state, CALLBACK, endpoint.retry_schedule_s, now) if from_topic else None
     if due is not None:  # a repeated record before the retry is due
-        ctx.store.schedule(CALLBACK, source_id, message_id, due)
+        await ctx.state.schedule(CALLBACK, source_id, message_id, due)
         return Step.SCHEDULED
-    claim = ctx.store.begin_send(state, now, now + endpoint.timeout_s + SEND_GRACE_S)
+    claim = await ctx.state.begin_send(state, now, now + endpoint.timeout_s + SEND_GRACE_S)
     if claim in (Claim.BUSY, Claim.MOVED):  # another worker is calling back, or just did
-        return ctx.recheck(state, CALLBACK, endpoint.timeout_s)
+        return await ctx.recheck(state, CALLBACK, endpoint.timeout_s)
     outcome = await deliver(
         ctx.session,
         endpoint,
@@ -71,14 +71,14 @@ async def to_sender(
         kind="callback",
     )
     if outcome.verdict in (Verdict.RESULT, Verdict.ACCEPTED):
-        return _done(ctx, state, outcome.attempt)
-    ctx.store.record_attempt(source_id, message_id, outcome.attempt)
+        return await _done(ctx, state, outcome.attempt)
+    await ctx.state.record_attempt(source_id, message_id, outcome.attempt)
     if outcome.verdict is Verdict.RETRY:
         now = ctx.clock()
         tries = state.tries("callback") + 1
         at = next_attempt_at(endpoint, tries, now, outcome.retry_after_s)
         if at is not None:
-            ctx.store.schedule(CALLBACK, source_id, message_id, at)
+            await ctx.state.schedule(CALLBACK, source_id, message_id, at)
             return Step.SCHEDULED
         return await ctx.fail(
             state, f"callback to the sender gave up after {tries} attempts: {outcome.reason}"
@@ -86,11 +86,11 @@ async def to_sender(
     return await ctx.fail(state, f"the sender's callback refused the response: {outcome.reason}")
 
 
-def _done(ctx: Receiving, state: MessageState, attempt: Attempt | None = None) -> Step:
+async def _done(ctx: Receiving, state: MessageState, attempt: Attempt | None = None) -> Step:
     try:
-        ctx.store.advance(*state.key, Status.DONE, ctx.clock(), attempt=attempt)
+        await ctx.state.advance(*state.key, Status.DONE, ctx.clock(), attempt=attempt)
     except InvalidTransition:
         if attempt is not None:
-            ctx.store.record_attempt(*state.key, attempt)
+            await ctx.state.record_attempt(*state.key, attempt)
         return Step.SKIPPED
     return Step.DONE

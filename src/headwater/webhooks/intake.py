@@ -29,7 +29,7 @@ from headwater.collector.errors import Rejected, bad_request, too_large, unautho
 from headwater.collector.publisher import Publisher
 from headwater.webhooks.config import WebhooksConfig
 from headwater.webhooks.routing import Topics, WebhookMessage
-from headwater.webhooks.state.base import MessageState, StateStore
+from headwater.webhooks.state.base import LoopState, MessageState, StateStore
 
 PREFIX = "/webhooks/"
 MAX_MESSAGE_ID = 256
@@ -43,6 +43,12 @@ class WebhookIntake:
         self.publisher = publisher
         self.topic = Topics(config.topic_prefix).from_sender
         self._keys = {s.id: WriteKeys([s]) for s in config.sources if s.write_keys}  # type: ignore[list-item]
+        self._state: LoopState | None = None
+
+    async def close(self) -> None:
+        """Let go of the state's connections made for the loop (not of the store)."""
+        if self._state is not None:
+            await self._state.close()
 
     def route(self, method: str, path: str) -> tuple[str, str, str | None] | None:
         """(method, source id, message id) of a webhook path, None when it is not one."""
@@ -75,11 +81,9 @@ class WebhookIntake:
         """Take one message; (status, JSON answer). Raises ``Rejected`` for bad input."""
         message = self.parse(source_id, body, headers)
         url = status_url(base_url, source_id, message.message_id)
-        known = (
-            self.store.get(source_id, message.message_id)
-            if self.store.known(source_id, message.message_id)
-            else None
-        )
+        if self._state is None:  # made on the loop that serves the requests
+            self._state = self.store.on_loop()
+        known = await self._state.lookup(source_id, message.message_id)
         if known is not None:
             return 200, {**summary(known), "status_url": url, "duplicate": True}
         await self.publisher.store({self.topic: [message.to_message()]})

@@ -28,18 +28,18 @@ def delivered_at(state: MessageState) -> float:
 
 
 async def poll(ctx: Receiving, source_id: str, message_id: str) -> Step:
-    state = ctx.store.get(source_id, message_id)
+    state = await ctx.state.get(source_id, message_id)
     if state is None or state.status is not Status.DELIVERED_TO_RECEIVER:
         return Step.SKIPPED
     receiver = ctx.config.receiver(state.receiver)
     if receiver is None or receiver.status_url is None:
         return await ctx.fail(state, f"receiver {state.receiver!r} has no status_url to poll")
     outcome = await ask_status(ctx.session, receiver, ctx.signer(receiver), message_id)
-    ctx.store.record_attempt(source_id, message_id, outcome.attempt)
+    await ctx.state.record_attempt(source_id, message_id, outcome.attempt)
     now = ctx.clock()
     if outcome.verdict is Verdict.RESULT:
         try:
-            done = ctx.store.advance(
+            done = await ctx.state.advance(
                 source_id,
                 message_id,
                 Status.RESPONSE_RECEIVED_FROM_RECEIVER,
@@ -55,6 +55,6 @@ async def poll(ctx: Receiving, source_id: str, message_id: str) -> Step:
         if due - delivered_at(state) > receiver.ttl_s:
             waited = now - delivered_at(state)
             return await ctx.fail(state, f"no result from the receiver within {waited:.0f} s (ttl)")
-        ctx.store.schedule(POLL, source_id, message_id, due)
+        await ctx.state.schedule(POLL, source_id, message_id, due)
         return Step.PENDING
     return await ctx.fail(state, f"polling the receiver's status: {outcome.reason}")

@@ -52,6 +52,7 @@ from headwater.webhooks.state.base import (
     POLL,
     Claim,
     InvalidTransition,
+    LoopState,
     MessageState,
     StateStore,
     Status,
@@ -87,9 +88,14 @@ class Receiving:
     pending: Hook | None = None
     failed: Hook | None = None
     clock: Callable[[], float] = time.time
+    state: LoopState = field(default=None)  # type: ignore[assignment]  # the store's by default
     _signers: dict[tuple[str, ...], Signer] = field(default_factory=dict)
     _callbacks: dict[str, ReceiverConfig] = field(default_factory=dict)
     _disabled: tuple[float, frozenset[str]] = (0.0, frozenset())
+
+    def __post_init__(self) -> None:
+        if self.state is None:
+            self.state = self.store.on_loop()
 
     def signer(self, endpoint: ReceiverConfig) -> Signer:
         """The signer of a receiver (or of a sender's callback), made once per set of secrets."""
@@ -117,7 +123,7 @@ class Receiving:
         limit = receiver.rate_limit
         if limit is None:
             return
-        while (wait := self.store.acquire(receiver.name, limit.requests, limit.per_s)) > 0:
+        while (wait := await self.state.acquire(receiver.name, limit.requests, limit.per_s)) > 0:
             await asyncio.sleep(wait)
 
     def disabled(self, name: str) -> bool:
@@ -132,13 +138,13 @@ class Receiving:
     async def schedule_poll(self, state: MessageState) -> None:
         """Schedule the first poll of a message delivered for a later result."""
         delivered = state.last(Status.DELIVERED_TO_RECEIVER) or self.clock()
-        self.store.schedule(POLL, *state.key, delivered + FIRST_POLL_S)
+        await self.state.schedule(POLL, *state.key, delivered + FIRST_POLL_S)
 
     async def to_receiver(self, source_id: str, message_id: str, from_topic: bool = False) -> Step:
         """The step for one message; ``from_topic``: run for a record of the topic (which may
         be a repeat), not for its entry on the schedule, so a retry that is not due yet waits
         for it."""
-        state = self.store.get(source_id, message_id)
+        state = await self.state.get(source_id, message_id)
         if state is None:
             return Step.SKIPPED
         if state.status is not Status.ARRIVED:
@@ -147,43 +153,43 @@ class Receiving:
         if receiver is None:
             return await self.fail(state, f"no receiver named {state.receiver!r} is configured")
         if self.disabled(receiver.name):
-            self.store.schedule(DELIVER, *state.key, self.clock() + DISABLED_RECHECK_S)
+            await self.state.schedule(DELIVER, *state.key, self.clock() + DISABLED_RECHECK_S)
             return Step.SCHEDULED
         schedule = receiver.retry_schedule_s
         due = not_before(state, DELIVER, schedule, self.clock()) if from_topic else None
         if due is not None:  # a repeated record before the retry is due
-            self.store.schedule(DELIVER, *state.key, due)
+            await self.state.schedule(DELIVER, *state.key, due)
             return Step.SCHEDULED
         signer = self.signer(receiver)
         await self.rate_limited(receiver)
-        claim = self._claim(state, receiver)
+        claim = await self._claim(state, receiver)
         if claim in (Claim.BUSY, Claim.MOVED):  # another worker is sending it, or acted on it
-            return self.recheck(state, DELIVER, receiver.timeout_s)
+            return await self.recheck(state, DELIVER, receiver.timeout_s)
         ambiguous = claim is Claim.INTERRUPTED or _last_was_ambiguous(state)
         if ambiguous and receiver.status_url is not None:
             known = await ask_status(self.session, receiver, signer, message_id)
             if known.verdict in (Verdict.RESULT, Verdict.ACCEPTED):  # it did arrive
                 return await self._settle(state, receiver, known)
-            self.store.record_attempt(source_id, message_id, known.attempt)
+            await self.state.record_attempt(source_id, message_id, known.attempt)
             if known.attempt.status_code != 404:  # cannot tell yet: ask again later
                 return await self._retry(state, receiver, known)
             await self.rate_limited(receiver)
             asked = replace(state, attempts=(*state.attempts, known.attempt))
-            if self._claim(asked, receiver) is not Claim.CLAIMED:
-                return self.recheck(state, DELIVER, receiver.timeout_s)
+            if await self._claim(asked, receiver) is not Claim.CLAIMED:
+                return await self.recheck(state, DELIVER, receiver.timeout_s)
         outcome = await deliver(self.session, receiver, signer, message_id, state.payload)
         return await self._settle(state, receiver, outcome)
 
-    def recheck(self, state: MessageState, kind: str, timeout_s: float) -> Step:
+    async def recheck(self, state: MessageState, kind: str, timeout_s: float) -> Step:
         """Another worker holds the message (or just acted on it): look again once its claim
         would have run out, for if that worker died, nothing else would (the record that
         brought the message here is committed)."""
-        self.store.schedule(kind, *state.key, self.clock() + timeout_s + SEND_GRACE_S + 1.0)
+        await self.state.schedule(kind, *state.key, self.clock() + timeout_s + SEND_GRACE_S + 1.0)
         return Step.SKIPPED
 
-    def _claim(self, state: MessageState, receiver: ReceiverConfig) -> Claim:
+    async def _claim(self, state: MessageState, receiver: ReceiverConfig) -> Claim:
         now = self.clock()
-        return self.store.begin_send(state, now, now + receiver.timeout_s + SEND_GRACE_S)
+        return await self.state.begin_send(state, now, now + receiver.timeout_s + SEND_GRACE_S)
 
     async def hand_on(self, state: MessageState) -> Step:
         """Hand a message past ARRIVED on again (its step ran before, and may have stopped
@@ -207,7 +213,7 @@ class Receiving:
             if outcome.verdict is Verdict.RESULT or (
                 outcome.verdict is Verdict.ACCEPTED and receiver.status_url is None
             ):
-                done = self.store.advance(
+                done = await self.state.advance(
                     *state.key,
                     Status.RESPONSE_RECEIVED_FROM_RECEIVER,
                     now,
@@ -218,15 +224,15 @@ class Receiving:
                 await self.respond(done)
                 return Step.RESPONDED
             if outcome.verdict is Verdict.ACCEPTED:
-                delivered = self.store.advance(
+                delivered = await self.state.advance(
                     *state.key, Status.DELIVERED_TO_RECEIVER, now, attempt=attempt
                 )
                 await (self.pending or self.schedule_poll)(delivered)
                 return Step.PENDING
         except InvalidTransition:
-            self.store.record_attempt(*state.key, attempt)
+            await self.state.record_attempt(*state.key, attempt)
             return Step.SKIPPED  # another worker moved it first
-        self.store.record_attempt(*state.key, attempt)
+        await self.state.record_attempt(*state.key, attempt)
         if outcome.verdict is Verdict.RETRY:
             return await self._retry(state, receiver, outcome)
         if outcome.verdict is Verdict.GONE:
@@ -242,14 +248,16 @@ class Receiving:
         at = next_attempt_at(receiver, tries, now, outcome.retry_after_s)
         if at is None:
             return await self.fail(state, f"gave up after {tries} attempts: {outcome.reason}")
-        self.store.schedule(DELIVER, *state.key, at)
+        await self.state.schedule(DELIVER, *state.key, at)
         return Step.SCHEDULED
 
     async def fail(self, state: MessageState, reason: str) -> Step:
         """FAILED with ``reason``, handed to ``failed`` (SKIPPED when another worker moved the
         message first)."""
         try:
-            failed = self.store.advance(*state.key, Status.FAILED, self.clock(), reason=reason)
+            failed = await self.state.advance(
+                *state.key, Status.FAILED, self.clock(), reason=reason
+            )
         except InvalidTransition:
             return Step.SKIPPED
         if self.failed is not None:

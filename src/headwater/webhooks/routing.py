@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from headwater.bus.records import Message
 from headwater.errors import TerminalError
 from headwater.webhooks.config import WebhooksConfig
-from headwater.webhooks.state.base import StateStore, Status
+from headwater.webhooks.state.base import LoopState, Status
 
 
 @dataclass(frozen=True)
@@ -112,33 +112,33 @@ class WebhookMessage:
             raise BadMessage(f"not a webhook message ({type(e).__name__}: {e})") from None
 
 
-def from_sender(
-    store: StateStore, config: WebhooksConfig, message: WebhookMessage, now: float
+async def from_sender(
+    state: LoopState, config: WebhooksConfig, message: WebhookMessage, now: float
 ) -> list[tuple[str, Message]]:
     """Dedup, record, route: what to append where (nothing for a message already known: the
     sender sent it again, or this step ran before a crash and its record was read again; it is
     routed again only while it is still ARRIVED, since the routing may not have been appended)."""
-    return from_senders(store, config, [message], now)
+    return await from_senders(state, config, [message], now)
 
 
-def from_senders(
-    store: StateStore, config: WebhooksConfig, messages: list[WebhookMessage], now: float
+async def from_senders(
+    state: LoopState, config: WebhooksConfig, messages: list[WebhookMessage], now: float
 ) -> list[tuple[str, Message]]:
     """``from_sender`` for a batch of messages, recorded in one step of the state."""
-    arrived = store.arrive_many(
+    arrived = await state.arrive_many(
         [(m.source_id, m.message_id, m.receiver, m.payload) for m in messages], now
     )
     topics = Topics(config.topic_prefix)
     out: list[tuple[str, Message]] = []
-    for created, state in arrived:
-        if not created and state.status is not Status.ARRIVED:
+    for created, known in arrived:
+        if not created and known.status is not Status.ARRIVED:
             continue
         # what was recorded first is what is delivered, whatever a repeat carries
-        message = WebhookMessage(state.source_id, state.message_id, state.receiver, state.payload)
+        message = WebhookMessage(known.source_id, known.message_id, known.receiver, known.payload)
         if config.receiver(message.receiver) is None:
             reason = f"no receiver named {message.receiver!r} is configured"
-            store.advance(*state.key, Status.FAILED, now, reason=reason)
-            failed = WebhookMessage(*state.key, message.receiver, message.payload, reason)
+            await state.advance(*known.key, Status.FAILED, now, reason=reason)
+            failed = WebhookMessage(*known.key, message.receiver, message.payload, reason)
             out.append((topics.failed_messages, failed.to_message()))
         else:
             out.append((topics.to_receiver(message.receiver), message.to_message()))

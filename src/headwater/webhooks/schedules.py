@@ -42,13 +42,15 @@ async def run_due(ctx: Receiving) -> int:
     lease = ctx.config.claim_lease_s
     for kind, step in STEPS.items():
         now = ctx.clock()
-        due = ctx.store.take_due(kind, now, BATCH, lease)
+        due = await ctx.state.take_due(kind, now, BATCH, lease)
         results = await asyncio.gather(*(step(ctx, s, m) for s, m in due), return_exceptions=True)
+        releases = []
         for (source_id, message_id), result in zip(due, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("webhooks: %s of %s/%s failed: %r", kind, source_id, message_id, result)
             else:
-                ctx.store.release(kind, source_id, message_id, now + lease)
+                releases.append(ctx.state.release(kind, source_id, message_id, now + lease))
+        await asyncio.gather(*releases)
         ran += len(due)
     return ran
 

@@ -41,7 +41,7 @@ from headwater.webhooks.config import ReceiverConfig, WebhooksConfig
 from headwater.webhooks.receiving import Receiving, Step
 from headwater.webhooks.routing import Topics, WebhookMessage, from_senders
 from headwater.webhooks.schedules import run_schedules
-from headwater.webhooks.state.base import MessageState, StateStore, Status
+from headwater.webhooks.state.base import LoopState, MessageState, StateStore, Status
 
 log = logging.getLogger(__name__)
 POLL_RECORDS = 500
@@ -63,6 +63,7 @@ class Workers:
         self.store = store
         self.ctx: Receiving | None = None
         self.names = Topics(config.topic_prefix)
+        self.state = LoopState(store)  # the backend's own, made on the loop by ``run``
         self._stop = asyncio.Event()
         self._grace_s = 10.0
 
@@ -92,7 +93,8 @@ class Workers:
         # the state's changes on this loop are committed together, once per turn; a request
         # waits for them (HttpClient's ``before``), and so do appends and offset commits
         self.store.batch_on(asyncio.get_running_loop())
-        async with HttpClient(before=self.store.flush) as session:
+        self.state = state = self.store.on_loop()
+        async with HttpClient(before=state.flush) as session:
             self.ctx = ctx = Receiving(
                 self.store,
                 self.config,
@@ -100,6 +102,7 @@ class Workers:
                 respond=self._respond,
                 pending=self._pending,
                 failed=self._failed,
+                state=state,
             )
             t = self.names
             loops = [
@@ -128,6 +131,7 @@ class Workers:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                await state.close()
                 self.store.batch_on(None)
 
     def _pending_topics(self) -> list[str]:
@@ -137,7 +141,7 @@ class Workers:
     async def _emit(self, batches: Mapping[str, Sequence[Message]]) -> None:
         """Append hand-offs, each topic's in one batch, once the state changes they follow
         are committed."""
-        await self.store.flush()
+        await self.state.flush()
         futures = await append_many_when_room(self.bus, batches)
         await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
 
@@ -169,7 +173,7 @@ class Workers:
                 log.error(
                     "webhooks from_sender: skipping %s@%d: %s", record.topic, record.offset, e
                 )
-        routed = from_senders(self.store, self.config, messages, time.time())
+        routed = await from_senders(self.state, self.config, messages, time.time())
         batches: dict[str, list[Message]] = {}
         for topic, out in routed:
             batches.setdefault(topic, []).append(out)
@@ -186,7 +190,7 @@ class Workers:
             step = await ctx.to_receiver(message.source_id, message.message_id, from_topic=True)
             if receiver.ordered and step is Step.SCHEDULED:
                 # strict FIFO: the receiver's next message waits for this one's retries
-                while (state := self.store.get(*_key(message))) is not None and (
+                while (state := await self.state.get(*_key(message))) is not None and (
                     state.status is Status.ARRIVED
                 ):
                     await self._hold()
@@ -202,7 +206,9 @@ class Workers:
 
     async def _schedule_poll(self, record: Record) -> None:
         assert self.ctx is not None
-        state = self.store.get(*_key(WebhookMessage.from_record(record.value, record.headers)))
+        state = await self.state.get(
+            *_key(WebhookMessage.from_record(record.value, record.headers))
+        )
         if state is not None and state.status is Status.DELIVERED_TO_RECEIVER:
             await self.ctx.schedule_poll(state)
 
@@ -295,7 +301,7 @@ class Workers:
             while queue and queue[0][1].done() and not queue[0][1].cancelled():
                 offsets[tp] = queue.popleft()[0] + 1
         if offsets:
-            await self.store.flush()  # the changes of the steps done, before their offsets
+            await self.state.flush()  # the changes of the steps done, before their offsets
             try:
                 await asyncio.get_running_loop().run_in_executor(pool, consumer.commit, offsets)
             except HeadwaterError as e:  # the partitions moved to another member: it reads

@@ -338,7 +338,10 @@ class StateStore(abc.ABC):
     def acquire(self, receiver: str, requests: int, per_s: float) -> float:
         """Take one request of ``receiver``'s rate limit (``requests`` per ``per_s`` seconds,
         evenly spaced: GCRA); 0 when taken, else how many seconds to wait before asking again.
-        Shared by every worker of the store."""
+        Shared by every worker of the store. A request asked for up to one interval after it
+        was due is counted from when it was due, so that the time a worker takes to ask again
+        is not lost from the rate (two requests may then be closer than an interval, never more
+        than ``requests`` + 1 in ``per_s``)."""
 
     def batch_on(self, loop: asyncio.AbstractEventLoop | None) -> None:
         """Let the changes made on ``loop``'s thread be committed together, once per turn of
@@ -350,6 +353,11 @@ class StateStore(abc.ABC):
         """Wait until every change made so far is committed (see ``batch_on``)."""
         return None
 
+    def on_loop(self) -> LoopState:
+        """The steps the webhook workers take, as coroutines for their event loop (made on
+        it)."""
+        return LoopState(self)
+
     @abc.abstractmethod
     def close(self) -> None: ...
 
@@ -358,3 +366,82 @@ class StateStore(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LoopState:
+    """The state as the webhook workers' event loop uses it: each step a coroutine, so that a
+    backend may send the steps of every task of a turn of the loop together. This one runs each
+    on the store in place (the SQLite state commits a turn's changes together, see
+    ``StateStore.batch_on``); the Redis state's sends a turn's steps in one pipeline. What the
+    workers do rarely (the receivers' flags, purges) they ask ``store`` for."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+
+    async def get(self, source_id: str, message_id: str) -> MessageState | None:
+        return self.store.get(source_id, message_id)
+
+    async def lookup(self, source_id: str, message_id: str) -> MessageState | None:
+        """``get``, for a message that is most likely not recorded: asks ``known`` first where
+        that is cheaper."""
+        if not self.store.known(source_id, message_id):
+            return None
+        return self.store.get(source_id, message_id)
+
+    async def arrive_many(
+        self, messages: list[tuple[str, str, str, bytes]], now: float
+    ) -> list[tuple[bool, MessageState]]:
+        return self.store.arrive_many(messages, now)
+
+    async def advance(
+        self,
+        source_id: str,
+        message_id: str,
+        status: Status,
+        now: float,
+        *,
+        reason: str = "",
+        response: bytes | None = None,
+        via: Status | None = None,
+        attempt: Attempt | None = None,
+    ) -> MessageState:
+        return self.store.advance(
+            source_id,
+            message_id,
+            status,
+            now,
+            reason=reason,
+            response=response,
+            via=via,
+            attempt=attempt,
+        )
+
+    async def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None:
+        self.store.record_attempt(source_id, message_id, attempt)
+
+    async def schedule(self, kind: str, source_id: str, message_id: str, due_at: float) -> None:
+        self.store.schedule(kind, source_id, message_id, due_at)
+
+    async def take_due(
+        self, kind: str, now: float, limit: int, lease_s: float = 0.0
+    ) -> list[tuple[str, str]]:
+        return self.store.take_due(kind, now, limit, lease_s)
+
+    async def release(
+        self, kind: str, source_id: str, message_id: str, leased_until: float
+    ) -> None:
+        self.store.release(kind, source_id, message_id, leased_until)
+
+    async def begin_send(self, state: MessageState, now: float, until: float) -> Claim:
+        return self.store.begin_send(state, now, until)
+
+    async def acquire(self, receiver: str, requests: int, per_s: float) -> float:
+        return self.store.acquire(receiver, requests, per_s)
+
+    async def flush(self) -> None:
+        """Wait until every change made so far is committed."""
+        await self.store.flush()
+
+    async def close(self) -> None:
+        """Let go of what the loop's state holds (not the store)."""
+        return None

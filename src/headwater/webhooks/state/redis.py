@@ -22,9 +22,13 @@ scripts name the sets and a listed message's keys from ``prefix``, which they ar
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import orjson
 
 from headwater.errors import MissingDependencyError
 from headwater.webhooks.state.base import (
@@ -32,6 +36,7 @@ from headwater.webhooks.state.base import (
     Claim,
     Cursor,
     InvalidTransition,
+    LoopState,
     MessageState,
     ReceiverState,
     StateStore,
@@ -41,6 +46,7 @@ from headwater.webhooks.state.base import (
     path_to,
     statuses,
 )
+from headwater.webhooks.state.redis_turns import TurnPipeline
 
 SEP = "\0"
 RELIST_BATCH = 500  # messages indexed per script when the listing is first built
@@ -77,12 +83,16 @@ end
 """
 )
 
-# KEYS: message hash, history, receivers with messages; ARGV: receiver, status, payload, now,
-# history entry, prefix, source, member of the listing
+# KEYS: message hash, history, receivers with messages, attempts; ARGV: receiver, status,
+# payload, now, history entry, prefix, source, member of the listing. Returns 1 when recorded,
+# else the message known (its hash, history and attempts).
 _ARRIVE = (
     _LISTING
     + """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {redis.call('HGETALL', KEYS[1]), redis.call('LRANGE', KEYS[2], 0, -1),
+          redis.call('LRANGE', KEYS[4], 0, -1)}
+end
 redis.call('HSET', KEYS[1], 'receiver', ARGV[1], 'status', ARGV[2], 'payload', ARGV[3],
            'created_at', ARGV[4], 'updated_at', ARGV[4], 'reason', '')
 redis.call('RPUSH', KEYS[2], ARGV[5])
@@ -124,6 +134,19 @@ return {'ok', redis.call('HGETALL', KEYS[1]), redis.call('LRANGE', KEYS[2], 0, -
         redis.call('LRANGE', KEYS[4], 0, -1)}
 """
 )
+
+# KEYS: message hash, history, attempts. Returns the hash, history and attempts (an empty
+# hash: no such message).
+_GET = """
+return {redis.call('HGETALL', KEYS[1]), redis.call('LRANGE', KEYS[2], 0, -1),
+        redis.call('LRANGE', KEYS[3], 0, -1)}
+"""
+
+# KEYS: schedule; ARGV: due time, member
+_SCHEDULE = """
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+return 0
+"""
 
 # KEYS: message hash, attempts; ARGV: the attempt
 _ATTEMPT = """
@@ -168,14 +191,16 @@ return 'claimed'
 """
 
 
-# GCRA. KEYS: the receiver's key; ARGV: interval (s). Returns the wait in seconds as text.
+# GCRA. KEYS: the receiver's key; ARGV: interval (s). Returns the wait in seconds as text. A
+# request asked for less than an interval late is counted from when it was due, not from now
+# (see ``StateStore.acquire``).
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tat < now then tat = now end
-if tat > now then return tostring(tat - now) end
 local interval = tonumber(ARGV[1])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat < now - interval then tat = now end
+if tat > now then return tostring(tat - now) end
 redis.call('SET', KEYS[1], tostring(tat + interval), 'PX', math.ceil(interval * 1000) + 60000)
 return '0'
 """
@@ -297,20 +322,38 @@ def _decode(
     transitions: list[bytes],
     tries: list[bytes],
 ) -> MessageState:
-    text = {k.decode(): v for k, v in fields.items()}
+    response = fields.get(b"response")
     return MessageState(
         source_id=source_id,
         message_id=message_id,
-        receiver=text["receiver"].decode(),
-        status=Status(text["status"].decode()),
-        payload=bytes(text["payload"]),
-        created_at=float(text["created_at"]),
-        updated_at=float(text["updated_at"]),
-        reason=text.get("reason", b"").decode(),
-        response=bytes(text["response"]) if "response" in text else None,
-        history=tuple(Transition(Status(s), t, r) for s, t, r in map(json.loads, transitions)),
-        attempts=tuple(Attempt(**json.loads(a)) for a in tries),
+        receiver=fields[b"receiver"].decode(),
+        status=_STATUS[fields[b"status"]],
+        payload=bytes(fields[b"payload"]),
+        created_at=float(fields[b"created_at"]),
+        updated_at=float(fields[b"updated_at"]),
+        reason=fields.get(b"reason", b"").decode(),
+        response=bytes(response) if response is not None else None,
+        history=tuple(Transition(Status(s), t, r) for s, t, r in map(orjson.loads, transitions)),
+        attempts=tuple(Attempt(**orjson.loads(a)) for a in tries),
     )
+
+
+def _message(source_id: str, message_id: str, found: list[Any]) -> MessageState | None:
+    """A message from a script's ``{hash as a flat list, history, attempts}`` (None: the hash
+    is empty, no such message)."""
+    flat, transitions, tries = found
+    if not flat:
+        return None
+    fields = dict(zip(flat[::2], flat[1::2], strict=True))
+    return _decode(source_id, message_id, fields, transitions, tries)
+
+
+_STATUS = {s.value.encode(): s for s in Status}
+T = TypeVar("T")
+# a script run: (the script, its keys, its arguments)
+Call = tuple[Any, list[Any], list[Any]]
+# a step: the script it runs and what the script's answer means
+Step = tuple[Call, Callable[[Any], T]]
 
 
 def _split(member: bytes) -> tuple[str, str]:
@@ -319,12 +362,20 @@ def _split(member: bytes) -> tuple[str, str]:
 
 
 class RedisState(StateStore):
+    """Each step the workers take is one script (``*_step``: the script's call and what its
+    answer means), run here on the synchronous client, one round trip each, and by
+    :meth:`on_loop`'s state with every other step of a turn of the loop, one round trip for
+    them all."""
+
     def __init__(self, url: str, prefix: str = "headwater:webhooks:") -> None:
+        self.url = url
         self._redis = _load_redis().Redis.from_url(url, decode_responses=False)
         self.prefix = prefix
         self._arrive = self._redis.register_script(_ARRIVE)
+        self._get = self._redis.register_script(_GET)
         self._advance = self._redis.register_script(_ADVANCE)
         self._attempt = self._redis.register_script(_ATTEMPT)
+        self._schedule = self._redis.register_script(_SCHEDULE)
         self._take_due = self._redis.register_script(_TAKE_DUE)
         self._release = self._redis.register_script(_RELEASE)
         self._begin_send = self._redis.register_script(_BEGIN_SEND)
@@ -339,30 +390,135 @@ class RedisState(StateStore):
         name = f"{source_id}{SEP}{message_id}"
         return (f"{self.prefix}m:{name}", f"{self.prefix}h:{name}", f"{self.prefix}a:{name}")
 
+    def _do(self, step: Step[T]) -> T:
+        (script, keys, args), done = step
+        return done(script(keys=keys, args=args))
+
+    # -- the steps: each one script ------------------------------------------------------------
+    def arrive_step(
+        self, source_id: str, message_id: str, receiver: str, payload: bytes, now: float
+    ) -> Step[tuple[bool, MessageState]]:
+        message, history, attempts = self._keys(source_id, message_id)
+        entry = orjson.dumps([Status.ARRIVED.value, now, ""])
+        args = [receiver, Status.ARRIVED.value, payload, repr(now), entry]
+        args += [self.prefix, source_id, f"{source_id}{SEP}{message_id}"]
+
+        def done(answer: Any) -> tuple[bool, MessageState]:
+            if answer == 1:
+                return True, MessageState.arrived(source_id, message_id, receiver, payload, now)
+            known = _message(source_id, message_id, answer)
+            assert known is not None
+            return False, known
+
+        keys = [message, history, f"{self.prefix}lrs", attempts]
+        return (self._arrive, keys, args), done
+
+    def get_step(self, source_id: str, message_id: str) -> Step[MessageState | None]:
+        def done(answer: Any) -> MessageState | None:
+            return _message(source_id, message_id, answer)
+
+        return (self._get, list(self._keys(source_id, message_id)), []), done
+
+    def advance_step(
+        self,
+        source_id: str,
+        message_id: str,
+        status: Status,
+        now: float,
+        *,
+        reason: str = "",
+        response: bytes | None = None,
+        via: Status | None = None,
+        retry: bool = False,
+        attempt: Attempt | None = None,
+    ) -> Step[MessageState]:
+        message, history, attempts = self._keys(source_id, message_id)
+        allowed, steps = path_to(status, via, retry)
+        entries = [orjson.dumps([step.value, now, reason]) for step in steps]
+        kept = reason if status is Status.FAILED else ""
+        tried = orjson.dumps(attempt.__dict__) if attempt is not None else ""
+        args: list[Any] = [status.value, repr(now), kept, "1" if response else "0"]
+        args += [response or b"", f"{source_id}{SEP}{message_id}", tried, self.prefix, source_id]
+        args += [len(entries), *entries, *(s.value for s in allowed)]
+        keys = [message, history, f"{self.prefix}f", attempts, f"{self.prefix}d"]
+
+        def done(outcome: Any) -> MessageState:
+            verdict = outcome[0]
+            if verdict == b"missing":
+                raise UnknownMessage(f"no message {source_id}/{message_id}")
+            if verdict == b"refused":
+                current = Status(outcome[1].decode())
+                raise InvalidTransition((source_id, message_id), current, status)
+            moved = _message(source_id, message_id, outcome[1:])
+            assert moved is not None
+            return moved
+
+        return (self._advance, keys, args), done
+
+    def attempt_step(self, source_id: str, message_id: str, attempt: Attempt) -> Step[None]:
+        message, _, attempts = self._keys(source_id, message_id)
+
+        def done(answer: Any) -> None:
+            if not answer:
+                raise UnknownMessage(f"no message {source_id}/{message_id}")
+
+        return (self._attempt, [message, attempts], [orjson.dumps(attempt.__dict__)]), done
+
+    def schedule_step(
+        self, kind: str, source_id: str, message_id: str, due_at: float
+    ) -> Step[None]:
+        member = f"{source_id}{SEP}{message_id}"
+        return (self._schedule, [f"{self.prefix}s:{kind}"], [repr(due_at), member]), _nothing
+
+    def take_due_step(
+        self, kind: str, now: float, limit: int, lease_s: float = 0.0
+    ) -> Step[list[tuple[str, str]]]:
+        args = [repr(now), limit, repr(lease_s)]
+        return (self._take_due, [f"{self.prefix}s:{kind}"], args), _members
+
+    def release_step(
+        self, kind: str, source_id: str, message_id: str, leased_until: float
+    ) -> Step[None]:
+        args = [f"{source_id}{SEP}{message_id}", repr(leased_until)]
+        return (self._release, [f"{self.prefix}s:{kind}"], args), _nothing
+
+    def begin_send_step(self, state: MessageState, now: float, until: float) -> Step[Claim]:
+        message, _, attempts = self._keys(*state.key)
+        args = [repr(now), repr(until), state.status.value, len(state.attempts)]
+
+        def done(answer: Any) -> Claim:
+            if answer == b"missing":
+                raise UnknownMessage(f"no message {state.source_id}/{state.message_id}")
+            return Claim(answer.decode())
+
+        return (self._begin_send, [message, attempts], args), done
+
+    def acquire_step(self, receiver: str, requests: int, per_s: float) -> Step[float]:
+        keys = [f"{self.prefix}r:{receiver}"]
+        return (self._acquire, keys, [repr(per_s / requests)]), float
+
+    # -- the store's methods: each step on its own ---------------------------------------------
     def arrive(
         self, source_id: str, message_id: str, receiver: str, payload: bytes, now: float
     ) -> tuple[bool, MessageState]:
-        message, history, _ = self._keys(source_id, message_id)
-        entry = json.dumps([Status.ARRIVED.value, now, ""])
-        args = [receiver, Status.ARRIVED.value, payload, repr(now), entry]
-        args += [self.prefix, source_id, f"{source_id}{SEP}{message_id}"]
-        if self._arrive(keys=[message, history, f"{self.prefix}lrs"], args=args):
-            return True, MessageState.arrived(source_id, message_id, receiver, payload, now)
-        state = self.get(source_id, message_id)
-        assert state is not None
-        return False, state
+        return self._do(self.arrive_step(source_id, message_id, receiver, payload, now))
+
+    def arrive_many(
+        self, messages: list[tuple[str, str, str, bytes]], now: float
+    ) -> list[tuple[bool, MessageState]]:
+        """Each message its own script, all of them in one round trip."""
+        steps = [self.arrive_step(*m, now) for m in messages]
+        pipe = self._redis.pipeline(transaction=False)
+        for (script, keys, args), _ in steps:
+            script(keys=keys, args=args, client=pipe)
+        answers = pipe.execute()
+        return [done(answer) for (_, done), answer in zip(steps, answers, strict=True)]
 
     def known(self, source_id: str, message_id: str) -> bool:
         return bool(self._redis.exists(self._keys(source_id, message_id)[0]))
 
     def get(self, source_id: str, message_id: str) -> MessageState | None:
-        message, history, attempts = self._keys(source_id, message_id)
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hgetall(message).lrange(history, 0, -1).lrange(attempts, 0, -1)
-        fields, transitions, tries = pipe.execute()
-        if not fields:
-            return None
-        return _decode(source_id, message_id, fields, transitions, tries)
+        return self._do(self.get_step(source_id, message_id))
 
     def advance(
         self,
@@ -377,54 +533,42 @@ class RedisState(StateStore):
         retry: bool = False,
         attempt: Attempt | None = None,
     ) -> MessageState:
-        message, history, attempts = self._keys(source_id, message_id)
-        allowed, steps = path_to(status, via, retry)
-        entries = [json.dumps([step.value, now, reason]) for step in steps]
-        kept = reason if status is Status.FAILED else ""
-        tried = json.dumps(attempt.__dict__) if attempt is not None else ""
-        args: list[Any] = [status.value, repr(now), kept, "1" if response else "0"]
-        args += [response or b"", f"{source_id}{SEP}{message_id}", tried, self.prefix, source_id]
-        args += [len(entries), *entries, *(s.value for s in allowed)]
-        keys = [message, history, f"{self.prefix}f", attempts, f"{self.prefix}d"]
-        outcome = self._advance(keys=keys, args=args)
-        verdict = outcome[0].decode()
-        if verdict == "missing":
-            raise UnknownMessage(f"no message {source_id}/{message_id}")
-        if verdict == "refused":
-            raise InvalidTransition((source_id, message_id), Status(outcome[1].decode()), status)
-        flat = outcome[1]
-        fields = dict(zip(flat[::2], flat[1::2], strict=True))
-        return _decode(source_id, message_id, fields, outcome[2], outcome[3])
+        return self._do(
+            self.advance_step(
+                source_id,
+                message_id,
+                status,
+                now,
+                reason=reason,
+                response=response,
+                via=via,
+                retry=retry,
+                attempt=attempt,
+            )
+        )
 
     def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None:
-        message, _, attempts = self._keys(source_id, message_id)
-        if not self._attempt(keys=[message, attempts], args=[json.dumps(attempt.__dict__)]):
-            raise UnknownMessage(f"no message {source_id}/{message_id}")
+        self._do(self.attempt_step(source_id, message_id, attempt))
 
     def schedule(self, kind: str, source_id: str, message_id: str, due_at: float) -> None:
-        self._redis.zadd(f"{self.prefix}s:{kind}", {f"{source_id}{SEP}{message_id}": due_at})
+        self._do(self.schedule_step(kind, source_id, message_id, due_at))
 
     def take_due(
         self, kind: str, now: float, limit: int, lease_s: float = 0.0
     ) -> list[tuple[str, str]]:
-        due = self._take_due(
-            keys=[f"{self.prefix}s:{kind}"], args=[repr(now), limit, repr(lease_s)]
-        )
-        return [_split(member) for member in due]
+        return self._do(self.take_due_step(kind, now, limit, lease_s))
 
     def release(self, kind: str, source_id: str, message_id: str, leased_until: float) -> None:
-        self._release(
-            keys=[f"{self.prefix}s:{kind}"],
-            args=[f"{source_id}{SEP}{message_id}", repr(leased_until)],
-        )
+        self._do(self.release_step(kind, source_id, message_id, leased_until))
 
     def begin_send(self, state: MessageState, now: float, until: float) -> Claim:
-        message, _, attempts = self._keys(*state.key)
-        args = [repr(now), repr(until), state.status.value, len(state.attempts)]
-        answer = self._begin_send(keys=[message, attempts], args=args).decode()
-        if answer == "missing":
-            raise UnknownMessage(f"no message {state.source_id}/{state.message_id}")
-        return Claim(answer)
+        return self._do(self.begin_send_step(state, now, until))
+
+    def acquire(self, receiver: str, requests: int, per_s: float) -> float:
+        return self._do(self.acquire_step(receiver, requests, per_s))
+
+    def on_loop(self) -> LoopState:
+        return RedisLoopState(self)
 
     def failed(
         self, receiver: str | None = None, since: float | None = None, limit: int = 1000
@@ -518,9 +662,93 @@ class RedisState(StateStore):
             )
         return out
 
-    def acquire(self, receiver: str, requests: int, per_s: float) -> float:
-        wait = self._acquire(keys=[f"{self.prefix}r:{receiver}"], args=[repr(per_s / requests)])
-        return float(wait)
-
     def close(self) -> None:
         self._redis.close()
+
+
+def _nothing(answer: Any) -> None:
+    return None
+
+
+def _members(answer: Any) -> list[tuple[str, str]]:
+    return [_split(member) for member in answer]
+
+
+class RedisLoopState(LoopState):
+    """The store's steps from an event loop: every step its tasks take in a turn of the loop
+    goes to Redis in one pipeline (:class:`TurnPipeline`), and no step blocks the loop."""
+
+    store: RedisState
+
+    def __init__(self, store: RedisState) -> None:
+        super().__init__(store)
+        self._turns = TurnPipeline(store.url)
+
+    async def _do(self, step: Step[T]) -> T:
+        call, done = step
+        return done(await self._turns.run(*call))
+
+    async def get(self, source_id: str, message_id: str) -> MessageState | None:
+        return await self._do(self.store.get_step(source_id, message_id))
+
+    async def lookup(self, source_id: str, message_id: str) -> MessageState | None:
+        return await self.get(source_id, message_id)  # as cheap as asking whether it exists
+
+    async def arrive_many(
+        self, messages: list[tuple[str, str, str, bytes]], now: float
+    ) -> list[tuple[bool, MessageState]]:
+        steps = [self._do(self.store.arrive_step(*m, now)) for m in messages]
+        return list(await asyncio.gather(*steps))
+
+    async def advance(
+        self,
+        source_id: str,
+        message_id: str,
+        status: Status,
+        now: float,
+        *,
+        reason: str = "",
+        response: bytes | None = None,
+        via: Status | None = None,
+        attempt: Attempt | None = None,
+    ) -> MessageState:
+        return await self._do(
+            self.store.advance_step(
+                source_id,
+                message_id,
+                status,
+                now,
+                reason=reason,
+                response=response,
+                via=via,
+                attempt=attempt,
+            )
+        )
+
+    async def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None:
+        await self._do(self.store.attempt_step(source_id, message_id, attempt))
+
+    async def schedule(self, kind: str, source_id: str, message_id: str, due_at: float) -> None:
+        await self._do(self.store.schedule_step(kind, source_id, message_id, due_at))
+
+    async def take_due(
+        self, kind: str, now: float, limit: int, lease_s: float = 0.0
+    ) -> list[tuple[str, str]]:
+        return await self._do(self.store.take_due_step(kind, now, limit, lease_s))
+
+    async def release(
+        self, kind: str, source_id: str, message_id: str, leased_until: float
+    ) -> None:
+        await self._do(self.store.release_step(kind, source_id, message_id, leased_until))
+
+    async def begin_send(self, state: MessageState, now: float, until: float) -> Claim:
+        return await self._do(self.store.begin_send_step(state, now, until))
+
+    async def acquire(self, receiver: str, requests: int, per_s: float) -> float:
+        return await self._do(self.store.acquire_step(receiver, requests, per_s))
+
+    async def flush(self) -> None:
+        return None  # a step's change is made when its caller has its answer
+
+    async def close(self) -> None:
+        await self._turns.close()

@@ -506,7 +506,9 @@ class SqliteState(StateStore):
         with self._tx() as c:
             now = time.time()
             row = c.execute("SELECT tat FROM rates WHERE receiver = ?", (receiver,)).fetchone()
-            tat = max(float(row[0]) if row else now, now)
+            tat = float(row[0]) if row else now
+            if tat < now - interval:  # (late by less: counted from when it was due)
+                tat = now
             if tat > now:
                 return tat - now
             c.execute(
