@@ -29,10 +29,13 @@ Figures:
    exchanges per message (intake, delivery, callback) with no state and no log.
 4. Unloaded latency, per state: 300 messages one at a time, 20 ms apart: intake (the POST
    sent) -> the receiver got it, p50/p99.
+5. Latency under a steady load, per state: 500 messages/s for 10 s, each POST sent on time
+   (an open loop): intake -> the receiver, p50/p99.
 
 Targets (issue 10): >= 5,000 messages/s end to end with the embedded state, and >= 50% of the
 bare client's rate; p99 intake -> receiver <= 100 ms unloaded (both states). Against the floor,
-in the same run: the embedded state >= 0.7x the floor end to end, Redis >= 0.5x.
+in the same run (issue 38): the embedded state >= 0.7x the floor end to end, Redis >= 0.5x; p99
+intake -> receiver at 500 messages/s <= 50 ms (both states).
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from headwater.testing.load.http1 import post_concurrently
 SECRET = "whsec_" + base64.b64encode(b"b" * 32).decode()
 KEY = "bench-key"
 LATENCY_MESSAGES = 300
+PACED_RATE, PACED_S = 500, 10.0  # the latency under a steady load (issue 38)
 PAYLOAD = {"event": "build.finished", "repo": "headwater", "ref": "main", "n": 0}
 # a state's figures, in the report's columns
 STATE_COLUMNS = (
@@ -241,13 +245,7 @@ async def latency(hw: str, receiver: str, tag: str) -> dict[str, float]:
             async with session.post(f"{hw}/webhooks/app", json=doc, headers=auth) as r:
                 await r.read()
             await asyncio.sleep(0.02)
-        deadline = time.monotonic() + 60
-        while True:
-            async with session.get(f"{receiver}/arrivals") as r:
-                arrivals = await r.json()
-            if all(m in arrivals for m in sent) or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.05)
+        arrivals = await _arrivals(session, receiver, sent)
     delays = sorted((arrivals[m] - t) * 1000 for m, t in sent.items() if m in arrivals)
     return {
         "latency_p50_ms": percentile(delays, 50),
@@ -255,6 +253,56 @@ async def latency(hw: str, receiver: str, tag: str) -> dict[str, float]:
         "latency_max_ms": delays[-1],
         "latency_lost": len(sent) - len(delays),
     }
+
+
+async def paced_latency(
+    hw: str, receiver: str, tag: str, rate: int, seconds: float
+) -> dict[str, float]:
+    """Latency from intake to the receiver under a steady load: ``rate`` messages a second for
+    ``seconds``, each POST sent on time (an open loop: a slow answer does not delay the next),
+    then p50/p99 of when the receiver got each."""
+    import aiohttp
+
+    auth = {"authorization": f"Bearer {KEY}"}
+    sent: dict[str, float] = {}
+    n = int(rate * seconds)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
+
+        async def post(mid: str) -> None:
+            doc = {"message_id": mid, "receiver": "rx", "payload": PAYLOAD}
+            sent[mid] = time.time()
+            async with session.post(f"{hw}/webhooks/app", json=doc, headers=auth) as r:
+                await r.read()
+                if r.status != 202:
+                    raise RuntimeError(f"the intake answered {r.status}")
+
+        started = time.monotonic()
+        posts = []
+        for i in range(n):
+            delay = started + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            posts.append(asyncio.create_task(post(f"{tag}-paced-{i}")))
+        await asyncio.gather(*posts)
+        arrivals = await _arrivals(session, receiver, sent)
+    delays = sorted((arrivals[m] - t) * 1000 for m, t in sent.items() if m in arrivals)
+    return {
+        "paced_rate_per_s": rate,
+        "paced_p50_ms": percentile(delays, 50),
+        "paced_p99_ms": percentile(delays, 99),
+        "paced_lost": len(sent) - len(delays),
+    }
+
+
+async def _arrivals(session: Any, receiver: str, sent: dict[str, float]) -> dict[str, float]:
+    """When the receiver got each of ``sent`` (waiting up to a minute for the last)."""
+    deadline = time.monotonic() + 60
+    while True:
+        async with session.get(f"{receiver}/arrivals") as r:
+            arrivals: dict[str, float] = await r.json()
+        if all(m in arrivals for m in sent) or time.monotonic() > deadline:
+            return arrivals
+        await asyncio.sleep(0.05)
 
 
 def write_config(directory: Path, receiver: str, state: dict[str, Any]) -> Path:
@@ -318,6 +366,8 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 figures = loaded(hw, f"{name} state")
                 progress(f"{name} state: unloaded latency, {LATENCY_MESSAGES} messages")
                 figures |= asyncio.run(latency(hw, receiver, "idle"))
+                progress(f"{name} state: latency at {PACED_RATE} messages/s for {PACED_S:.0f} s")
+                figures |= asyncio.run(paced_latency(hw, receiver, "paced", PACED_RATE, PACED_S))
                 per_s = figures["end_to_end_per_s"]
                 figures["ratio_to_bare"] = per_s / results["bare_client_per_s"]
                 figures["ratio_to_floor"] = per_s / results["floor_per_s"]
@@ -345,6 +395,17 @@ def targets(results: dict[str, Any]) -> list[Target]:
             )
             for name in ("embedded", "redis")
         ),
+        *(
+            Target(
+                f"p99 intake -> receiver at {PACED_RATE}/s, {name} state",
+                results[name]["paced_p99_ms"],
+                50,
+                "ms",
+                f"{PACED_RATE} messages/s for {PACED_S:.0f} s, an open loop",
+                higher_is_better=False,
+            )
+            for name in ("embedded", "redis")
+        ),
     ]
 
 
@@ -359,6 +420,12 @@ def report(results: dict[str, Any]) -> None:
     print(f"{results['messages']} messages, {results['machine']['cpus']} cores")
     headers = ["run", "msgs/s end to end", "intake/s", "x bare", "x floor", "p50 ms", "p99 ms"]
     print(print_table(headers, rows))
+    for name in ("embedded", "redis"):
+        r = results[name]
+        print(
+            f"{name} state at {r['paced_rate_per_s']}/s: p50 {r['paced_p50_ms']:.1f} ms, "
+            f"p99 {r['paced_p99_ms']:.1f} ms to the receiver ({r['paced_lost']} not arrived)"
+        )
     print("targets:")
     print("\n".join(f"  {t.verdict()}" for t in targets(results)))
 

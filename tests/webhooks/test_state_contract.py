@@ -538,3 +538,37 @@ def test_redis_lists_the_messages_recorded_before_the_listing(redis_service) -> 
     for store in (old, fresh):
         store.close()
     client.close()
+
+
+def test_move_returns_what_advance_would_read_back(open_store) -> None:
+    """``move`` (the workers' hot path, which may skip reading the message back) leaves the
+    message as ``advance`` does and returns it as it is; refused and unknown as advance is."""
+    a, b = open_store(), open_store()
+    for m in ("moved", "advanced"):
+        a.arrive("s", m, "ci", b"{}", 1.0)
+    attempt = Attempt(2.0, "deliver", 200, 3.5, '{"ok":1}')
+    moved = a.move(
+        a.get("s", "moved"),  # type: ignore[arg-type]
+        Status.RESPONSE_RECEIVED_FROM_RECEIVER,
+        2.5,
+        response=b'{"ok":1}',
+        via=Status.DELIVERED_TO_RECEIVER,
+        attempt=attempt,
+    )
+    advanced = a.advance(
+        "s",
+        "advanced",
+        Status.RESPONSE_RECEIVED_FROM_RECEIVER,
+        2.5,
+        response=b'{"ok":1}',
+        via=Status.DELIVERED_TO_RECEIVER,
+        attempt=attempt,
+    )
+    assert moved == replace(advanced, message_id="moved")
+    assert b.get("s", "moved") == moved  # as stored
+    failed = b.move(moved, Status.FAILED, 3.0, reason="no")
+    assert failed.reason == "no" and failed == a.get("s", "moved")
+    with pytest.raises(InvalidTransition):
+        a.move(moved, Status.DONE, 4.0)  # it is FAILED now
+    with pytest.raises(UnknownMessage):
+        a.move(replace(moved, message_id="nobody"), Status.DONE, 4.0)

@@ -88,7 +88,7 @@ async def to_sender(
 
 async def _done(ctx: Receiving, state: MessageState, attempt: Attempt | None = None) -> Step:
     try:
-        await ctx.state.advance(*state.key, Status.DONE, ctx.clock(), attempt=attempt)
+        await ctx.state.move(state, Status.DONE, ctx.clock(), attempt=attempt)
     except InvalidTransition:
         if attempt is not None:
             await ctx.state.record_attempt(*state.key, attempt)

@@ -10,6 +10,8 @@ poll asks the receiver's ``status_url``:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from headwater.webhooks.delivery import Verdict, ask_status
 from headwater.webhooks.receiving import Receiving, Step
 from headwater.webhooks.state.base import POLL, InvalidTransition, MessageState, Status
@@ -39,12 +41,9 @@ async def poll(ctx: Receiving, source_id: str, message_id: str) -> Step:
     now = ctx.clock()
     if outcome.verdict is Verdict.RESULT:
         try:
-            done = await ctx.state.advance(
-                source_id,
-                message_id,
-                Status.RESPONSE_RECEIVED_FROM_RECEIVER,
-                now,
-                response=outcome.body,
+            polled = replace(state, attempts=(*state.attempts, outcome.attempt))
+            done = await ctx.state.move(
+                polled, Status.RESPONSE_RECEIVED_FROM_RECEIVER, now, response=outcome.body
             )
         except InvalidTransition:
             return Step.SKIPPED

@@ -213,8 +213,8 @@ class Receiving:
             if outcome.verdict is Verdict.RESULT or (
                 outcome.verdict is Verdict.ACCEPTED and receiver.status_url is None
             ):
-                done = await self.state.advance(
-                    *state.key,
+                done = await self.state.move(
+                    state,
                     Status.RESPONSE_RECEIVED_FROM_RECEIVER,
                     now,
                     response=outcome.body or _accepted(outcome),
@@ -224,8 +224,8 @@ class Receiving:
                 await self.respond(done)
                 return Step.RESPONDED
             if outcome.verdict is Verdict.ACCEPTED:
-                delivered = await self.state.advance(
-                    *state.key, Status.DELIVERED_TO_RECEIVER, now, attempt=attempt
+                delivered = await self.state.move(
+                    state, Status.DELIVERED_TO_RECEIVER, now, attempt=attempt
                 )
                 await (self.pending or self.schedule_poll)(delivered)
                 return Step.PENDING
@@ -255,9 +255,7 @@ class Receiving:
         """FAILED with ``reason``, handed to ``failed`` (SKIPPED when another worker moved the
         message first)."""
         try:
-            failed = await self.state.advance(
-                *state.key, Status.FAILED, self.clock(), reason=reason
-            )
+            failed = await self.state.move(state, Status.FAILED, self.clock(), reason=reason)
         except InvalidTransition:
             return Step.SKIPPED
         if self.failed is not None:

@@ -137,7 +137,7 @@ async def from_senders(
         message = WebhookMessage(known.source_id, known.message_id, known.receiver, known.payload)
         if config.receiver(message.receiver) is None:
             reason = f"no receiver named {message.receiver!r} is configured"
-            await state.advance(*known.key, Status.FAILED, now, reason=reason)
+            await state.move(known, Status.FAILED, now, reason=reason)
             failed = WebhookMessage(*known.key, message.receiver, message.payload, reason)
             out.append((topics.failed_messages, failed.to_message()))
         else:

@@ -11,7 +11,7 @@ delivery, then the response. Every transition is timestamped.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -115,6 +115,29 @@ class MessageState:
     def last(self, status: Status) -> float | None:
         """When the message last became ``status``."""
         return next((t.at for t in reversed(self.history) if t.status is status), None)
+
+    def moved(
+        self,
+        status: Status,
+        now: float,
+        *,
+        reason: str = "",
+        response: bytes | None = None,
+        via: Status | None = None,
+        attempt: Attempt | None = None,
+    ) -> MessageState:
+        """This message as ``StateStore.advance`` leaves it (what ``move`` returns, worked out
+        here instead of read back)."""
+        steps = (status,) if via is None else (via, status)
+        return replace(
+            self,
+            status=status,
+            updated_at=now,
+            reason=reason if status is Status.FAILED else "",
+            response=self.response if response is None else response,
+            history=(*self.history, *(Transition(s, now, reason) for s in steps)),
+            attempts=self.attempts if attempt is None else (*self.attempts, attempt),
+        )
 
     def resume_stage(self) -> tuple[Status, str]:
         """Where a retry of this FAILED message starts, and on which schedule: the callback
@@ -250,6 +273,24 @@ class StateStore(abc.ABC):
         with it, as ``record_attempt`` would). InvalidTransition
         when the machine does not allow it from where it is; UnknownMessage when there is no
         such message."""
+
+    def move(
+        self,
+        state: MessageState,
+        status: Status,
+        now: float,
+        *,
+        reason: str = "",
+        response: bytes | None = None,
+        via: Status | None = None,
+        attempt: Attempt | None = None,
+    ) -> MessageState:
+        """``advance`` for a message read as ``state``, returned as ``state.moved`` says
+        (a backend may leave out reading it back: what a concurrent step added meanwhile, an
+        attempt, may be missing from it)."""
+        return self.advance(
+            *state.key, status, now, reason=reason, response=response, via=via, attempt=attempt
+        )
 
     @abc.abstractmethod
     def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None: ...
@@ -393,10 +434,9 @@ class LoopState:
     ) -> list[tuple[bool, MessageState]]:
         return self.store.arrive_many(messages, now)
 
-    async def advance(
+    async def move(
         self,
-        source_id: str,
-        message_id: str,
+        state: MessageState,
         status: Status,
         now: float,
         *,
@@ -405,15 +445,9 @@ class LoopState:
         via: Status | None = None,
         attempt: Attempt | None = None,
     ) -> MessageState:
-        return self.store.advance(
-            source_id,
-            message_id,
-            status,
-            now,
-            reason=reason,
-            response=response,
-            via=via,
-            attempt=attempt,
+        """``StateStore.move``: InvalidTransition when another worker moved it first."""
+        return self.store.move(
+            state, status, now, reason=reason, response=response, via=via, attempt=attempt
         )
 
     async def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None:

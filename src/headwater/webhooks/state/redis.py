@@ -27,6 +27,7 @@ import json
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -104,20 +105,21 @@ return 1
 
 # KEYS: message hash, history, failed set, attempts, done set; ARGV: status, now, reason (kept when
 # FAILED), has response, response, member of the failed set (and the listing), an attempt ('' for
-# none), prefix, source, n history entries, the entries..., allowed previous statuses... Returns
-# the message as it is now (its hash, history and attempts).
+# none), prefix, source, '1' to read the message back, n history entries, the entries..., allowed
+# previous statuses... Returns the message as it is now (its hash, history and attempts), or
+# only 'ok' when not read back.
 _ADVANCE = (
     _LISTING
     + """
 local current = redis.call('HGET', KEYS[1], 'status')
 if not current then return {'missing'} end
-local n = tonumber(ARGV[10])
+local n = tonumber(ARGV[11])
 local allowed = false
-for i = 11 + n, #ARGV do if ARGV[i] == current then allowed = true end end
+for i = 12 + n, #ARGV do if ARGV[i] == current then allowed = true end end
 if not allowed then return {'refused', current} end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[2], 'reason', ARGV[3])
 if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'response', ARGV[5]) end
-for i = 11, 10 + n do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+for i = 12, 11 + n do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 local receiver = redis.call('HGET', KEYS[1], 'receiver')
 relist(ARGV[8], ARGV[9], receiver, current, ARGV[1], ARGV[6], ARGV[2])
 if ARGV[7] ~= '' then
@@ -130,6 +132,7 @@ elseif current == 'FAILED' then
   redis.call('ZREM', KEYS[3], ARGV[6])
 end
 if ARGV[1] == 'DONE' then redis.call('ZADD', KEYS[5], ARGV[2], ARGV[6]) end
+if ARGV[10] ~= '1' then return {'ok'} end
 return {'ok', redis.call('HGETALL', KEYS[1]), redis.call('LRANGE', KEYS[2], 0, -1),
         redis.call('LRANGE', KEYS[4], 0, -1)}
 """
@@ -385,6 +388,8 @@ class RedisState(StateStore):
         self._counts = self._redis.register_script(_COUNTS)
         self._relist = self._redis.register_script(_RELIST)
         self._listed = False  # the messages from before the listing are known to be in it
+        self.scripts = [self._arrive, self._get, self._advance, self._attempt, self._schedule]
+        self.scripts += [self._take_due, self._release, self._begin_send, self._acquire]
 
     def _keys(self, source_id: str, message_id: str) -> tuple[str, str, str]:
         name = f"{source_id}{SEP}{message_id}"
@@ -431,7 +436,9 @@ class RedisState(StateStore):
         via: Status | None = None,
         retry: bool = False,
         attempt: Attempt | None = None,
-    ) -> Step[MessageState]:
+        read_back: bool = True,
+    ) -> Step[MessageState | None]:
+        """(``read_back``: the message as it is now, else None.)"""
         message, history, attempts = self._keys(source_id, message_id)
         allowed, steps = path_to(status, via, retry)
         entries = [orjson.dumps([step.value, now, reason]) for step in steps]
@@ -439,19 +446,17 @@ class RedisState(StateStore):
         tried = orjson.dumps(attempt.__dict__) if attempt is not None else ""
         args: list[Any] = [status.value, repr(now), kept, "1" if response else "0"]
         args += [response or b"", f"{source_id}{SEP}{message_id}", tried, self.prefix, source_id]
-        args += [len(entries), *entries, *(s.value for s in allowed)]
+        args += ["1" if read_back else "0", len(entries), *entries, *(s.value for s in allowed)]
         keys = [message, history, f"{self.prefix}f", attempts, f"{self.prefix}d"]
 
-        def done(outcome: Any) -> MessageState:
+        def done(outcome: Any) -> MessageState | None:
             verdict = outcome[0]
             if verdict == b"missing":
                 raise UnknownMessage(f"no message {source_id}/{message_id}")
             if verdict == b"refused":
                 current = Status(outcome[1].decode())
                 raise InvalidTransition((source_id, message_id), current, status)
-            moved = _message(source_id, message_id, outcome[1:])
-            assert moved is not None
-            return moved
+            return _message(source_id, message_id, outcome[1:]) if read_back else None
 
         return (self._advance, keys, args), done
 
@@ -533,7 +538,7 @@ class RedisState(StateStore):
         retry: bool = False,
         attempt: Attempt | None = None,
     ) -> MessageState:
-        return self._do(
+        moved = self._do(
             self.advance_step(
                 source_id,
                 message_id,
@@ -546,6 +551,26 @@ class RedisState(StateStore):
                 attempt=attempt,
             )
         )
+        assert moved is not None
+        return moved
+
+    def move(
+        self,
+        state: MessageState,
+        status: Status,
+        now: float,
+        *,
+        reason: str = "",
+        response: bytes | None = None,
+        via: Status | None = None,
+        attempt: Attempt | None = None,
+    ) -> MessageState:
+        step = self.advance_step(
+            *state.key, status, now, reason=reason, response=response, via=via, attempt=attempt,
+            read_back=False,
+        )  # fmt: skip
+        self._do(step)
+        return state.moved(status, now, reason=reason, response=response, via=via, attempt=attempt)
 
     def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None:
         self._do(self.attempt_step(source_id, message_id, attempt))
@@ -568,6 +593,8 @@ class RedisState(StateStore):
         return self._do(self.acquire_step(receiver, requests, per_s))
 
     def on_loop(self) -> LoopState:
+        if urlsplit(self.url).scheme != "redis":  # TLS, a Unix socket: redis-py's, one by one
+            return LoopState(self)
         return RedisLoopState(self)
 
     def failed(
@@ -682,7 +709,7 @@ class RedisLoopState(LoopState):
 
     def __init__(self, store: RedisState) -> None:
         super().__init__(store)
-        self._turns = TurnPipeline(store.url)
+        self._turns = TurnPipeline(store.url, store.scripts)
 
     async def _do(self, step: Step[T]) -> T:
         call, done = step
@@ -700,10 +727,9 @@ class RedisLoopState(LoopState):
         steps = [self._do(self.store.arrive_step(*m, now)) for m in messages]
         return list(await asyncio.gather(*steps))
 
-    async def advance(
+    async def move(
         self,
-        source_id: str,
-        message_id: str,
+        state: MessageState,
         status: Status,
         now: float,
         *,
@@ -712,18 +738,12 @@ class RedisLoopState(LoopState):
         via: Status | None = None,
         attempt: Attempt | None = None,
     ) -> MessageState:
-        return await self._do(
-            self.store.advance_step(
-                source_id,
-                message_id,
-                status,
-                now,
-                reason=reason,
-                response=response,
-                via=via,
-                attempt=attempt,
-            )
-        )
+        step = self.store.advance_step(
+            *state.key, status, now, reason=reason, response=response, via=via, attempt=attempt,
+            read_back=False,
+        )  # fmt: skip
+        await self._do(step)
+        return state.moved(status, now, reason=reason, response=response, via=via, attempt=attempt)
 
     async def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None:
         await self._do(self.store.attempt_step(source_id, message_id, attempt))

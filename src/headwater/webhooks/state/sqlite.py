@@ -307,6 +307,39 @@ class SqliteState(StateStore):
     ) -> MessageState:
         """One statement: the transition(s) appended, the attempt too, only from an allowed
         status; the row as it is now returned."""
+        row = self._advance(
+            source_id, message_id, status, now, reason, response, via, retry, attempt, _COLUMNS
+        )
+        return _state(row)
+
+    def move(
+        self,
+        state: MessageState,
+        status: Status,
+        now: float,
+        *,
+        reason: str = "",
+        response: bytes | None = None,
+        via: Status | None = None,
+        attempt: Attempt | None = None,
+    ) -> MessageState:
+        """``advance`` without reading the row back."""
+        self._advance(*state.key, status, now, reason, response, via, False, attempt, "1")
+        return state.moved(status, now, reason=reason, response=response, via=via, attempt=attempt)
+
+    def _advance(
+        self,
+        source_id: str,
+        message_id: str,
+        status: Status,
+        now: float,
+        reason: str,
+        response: bytes | None,
+        via: Status | None,
+        retry: bool,
+        attempt: Attempt | None,
+        returning: str,
+    ) -> tuple[Any, ...]:
         allowed, steps = path_to(status, via, retry)
         entries = [_json([step.value, now, reason]) for step in steps]
         pairs = ", ".join(["'$[#]', json(?)"] * len(entries))
@@ -326,17 +359,15 @@ class SqliteState(StateStore):
             args.append(_json(attempt))
         marks = ", ".join("?" * len(allowed))
         sql += (
-            f" WHERE source_id = ? AND message_id = ? AND status IN ({marks}) RETURNING {_COLUMNS}"
+            f" WHERE source_id = ? AND message_id = ? AND status IN ({marks}) RETURNING {returning}"
         )
         args += [source_id, message_id, *(a.value for a in allowed)]
         with self._write() as c:
             # fetchall: the statement runs to its end (alone: its transaction commits now)
             rows = c.execute(sql, args).fetchall()
-            row = rows[0] if rows else None
-            if row is None:
-                current = self._read(c, source_id, message_id)
-        if row is not None:
-            return _state(row)
+            if rows:
+                return tuple(rows[0])
+            current = self._read(c, source_id, message_id)
         if current is None:
             raise UnknownMessage(f"no message {source_id}/{message_id}")
         raise InvalidTransition(current.key, current.status, status)
