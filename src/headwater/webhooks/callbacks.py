@@ -45,9 +45,16 @@ def callback_body(state: MessageState) -> bytes:
 
 
 async def to_sender(
-    ctx: Receiving, source_id: str, message_id: str, from_topic: bool = False
+    ctx: Receiving,
+    source_id: str,
+    message_id: str,
+    from_topic: bool = False,
+    state: MessageState | None = None,
 ) -> Step:
-    state = await ctx.state.get(source_id, message_id)
+    """The step for one message; ``state``: the message as the step that got the response left
+    it (not read again: the claim fails, MOVED, when it changed since)."""
+    if state is None:
+        state = await ctx.state.get(source_id, message_id)
     if state is None or state.status is not Status.RESPONSE_RECEIVED_FROM_RECEIVER:
         return Step.SKIPPED
     source = ctx.config.source(source_id)

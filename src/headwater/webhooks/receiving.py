@@ -61,6 +61,8 @@ from headwater.webhooks.state.base import (
 FIRST_POLL_S = 1.0
 SEND_GRACE_S = 5.0  # a send's claim outlives its timeout by this much
 DISABLED_RECHECK_S = 30.0  # a scheduled retry for a disabled receiver waits this long again
+# messages just recorded, kept for their ToReceiver step: at most this many, of this many bytes
+REMEMBERED, REMEMBERED_BYTES = 10_000, 16 << 20
 
 Hook = Callable[[MessageState], Awaitable[None]]
 
@@ -89,6 +91,10 @@ class Receiving:
     failed: Hook | None = None
     clock: Callable[[], float] = time.time
     state: LoopState = field(default=None)  # type: ignore[assignment]  # the store's by default
+    # messages this process just recorded, as recorded, until their ToReceiver step takes them
+    # (instead of reading each again): see ``remember``
+    arrived: dict[tuple[str, str], MessageState] = field(default_factory=dict)
+    _remembered_bytes: int = 0
     _signers: dict[tuple[str, ...], Signer] = field(default_factory=dict)
     _callbacks: dict[str, ReceiverConfig] = field(default_factory=dict)
     _disabled: tuple[float, frozenset[str]] = (0.0, frozenset())
@@ -96,6 +102,27 @@ class Receiving:
     def __post_init__(self) -> None:
         if self.state is None:
             self.state = self.store.on_loop()
+
+    def remember(self, states: Sequence[MessageState]) -> None:
+        """Keep messages just recorded as ARRIVED for their ToReceiver step, the oldest
+        forgotten past ``REMEMBERED`` (or their payloads past ``REMEMBERED_BYTES``: a message
+        whose step runs in another process is never taken). A step that finds one changed
+        since, its claim MOVED, reads it."""
+        for state in states:
+            self.arrived[state.key] = state
+            self._remembered_bytes += len(state.payload)
+        while self.arrived and (
+            len(self.arrived) > REMEMBERED or self._remembered_bytes > REMEMBERED_BYTES
+        ):
+            oldest = next(iter(self.arrived))
+            self._remembered_bytes -= len(self.arrived.pop(oldest).payload)
+
+    def recall(self, key: tuple[str, str]) -> MessageState | None:
+        """A message ``remember``ed, forgotten as it is taken."""
+        state = self.arrived.pop(key, None)
+        if state is not None:
+            self._remembered_bytes -= len(state.payload)
+        return state
 
     def signer(self, endpoint: ReceiverConfig) -> Signer:
         """The signer of a receiver (or of a sender's callback), made once per set of secrets."""
@@ -144,7 +171,10 @@ class Receiving:
         """The step for one message; ``from_topic``: run for a record of the topic (which may
         be a repeat), not for its entry on the schedule, so a retry that is not due yet waits
         for it."""
-        state = await self.state.get(source_id, message_id)
+        state = self.recall((source_id, message_id)) if from_topic else None
+        recalled = state is not None
+        if state is None:
+            state = await self.state.get(source_id, message_id)
         if state is None:
             return Step.SKIPPED
         if state.status is not Status.ARRIVED:
@@ -163,6 +193,8 @@ class Receiving:
         signer = self.signer(receiver)
         await self.rate_limited(receiver)
         claim = await self._claim(state, receiver)
+        if claim is Claim.MOVED and recalled:  # changed since it arrived here: read it
+            return await self.to_receiver(source_id, message_id, from_topic)
         if claim in (Claim.BUSY, Claim.MOVED):  # another worker is sending it, or acted on it
             return await self.recheck(state, DELIVER, receiver.timeout_s)
         ambiguous = claim is Claim.INTERRUPTED or _last_was_ambiguous(state)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from headwater.bus.records import Message
 from headwater.errors import TerminalError
 from headwater.webhooks.config import WebhooksConfig
-from headwater.webhooks.state.base import LoopState, Status
+from headwater.webhooks.state.base import LoopState, MessageState, Status
 
 
 @dataclass(frozen=True)
@@ -122,9 +122,14 @@ async def from_sender(
 
 
 async def from_senders(
-    state: LoopState, config: WebhooksConfig, messages: list[WebhookMessage], now: float
+    state: LoopState,
+    config: WebhooksConfig,
+    messages: list[WebhookMessage],
+    now: float,
+    recorded: list[MessageState] | None = None,
 ) -> list[tuple[str, Message]]:
-    """``from_sender`` for a batch of messages, recorded in one step of the state."""
+    """``from_sender`` for a batch of messages, recorded in one step of the state; the
+    messages it recorded, as recorded, appended to ``recorded``."""
     arrived = await state.arrive_many(
         [(m.source_id, m.message_id, m.receiver, m.payload) for m in messages], now
     )
@@ -142,4 +147,6 @@ async def from_senders(
             out.append((topics.failed_messages, failed.to_message()))
         else:
             out.append((topics.to_receiver(message.receiver), message.to_message()))
+            if created and recorded is not None:
+                recorded.append(known)
     return out

@@ -146,6 +146,14 @@ class Workers:
         await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
 
     async def _respond(self, state: MessageState) -> None:
+        """The response goes back to the sender from here, in the step that got it (its
+        record, uncommitted until then, brings the message back here after a crash); an
+        ordered receiver's, whose queue must not wait for callbacks, through ``to_sender``."""
+        receiver = self.config.receiver(state.receiver)
+        if receiver is not None and not receiver.ordered:
+            assert self.ctx is not None
+            await to_sender(self.ctx, *state.key, state=state)
+            return
         out = WebhookMessage(
             state.source_id, state.message_id, state.receiver, state.response or b""
         )
@@ -173,10 +181,13 @@ class Workers:
                 log.error(
                     "webhooks from_sender: skipping %s@%d: %s", record.topic, record.offset, e
                 )
-        routed = await from_senders(self.state, self.config, messages, time.time())
+        recorded: list[MessageState] = []
+        routed = await from_senders(self.state, self.config, messages, time.time(), recorded)
         batches: dict[str, list[Message]] = {}
         for topic, out in routed:
             batches.setdefault(topic, []).append(out)
+        assert self.ctx is not None
+        self.ctx.remember(recorded)  # (before their records can be read)
         if batches:
             await self._emit(batches)
 
