@@ -208,3 +208,57 @@ def test_a_repeated_record_does_not_retry_before_the_schedule(tmp_path: Path) ->
         assert from_topic is Step.SCHEDULED and len(receiver.posts()) == 1  # not sooner
         (due,) = h.store.take_due(DELIVER, time.time() + 40, 10)
         assert due == ("github", "m1")
+
+
+def test_a_remembered_message_that_changed_meanwhile_is_read_again(tmp_path: Path) -> None:
+    """The step takes a message this process just recorded from memory; when another worker
+    changed it since (here: an attempt recorded, then the message delivered and answered), the
+    claim says MOVED and the step reads it, then hands it on, never sending it again."""
+    with running_receiver(SECRET, scripted(Reply(200, b'{"ok": 1}'))) as receiver:
+        h = Harness(tmp_path, receiver)
+        h.arrive()
+        arrived = h.status()
+
+        async def changed_then_step(r: Receiving) -> Step:
+            r.remember([arrived])
+            h.store.advance(
+                "github", "m1", Status.RESPONSE_RECEIVED_FROM_RECEIVER, time.time(),
+                response=b'{"elsewhere": 1}', via=Status.DELIVERED_TO_RECEIVER,
+            )  # fmt: skip
+            return await r.to_receiver("github", "m1", from_topic=True)
+
+        assert h.run(changed_then_step) is Step.RESPONDED  # handed on, as read
+        assert receiver.requests == []
+        assert [s.response for s in h.responded] == [b'{"elsewhere": 1}']
+
+        h.arrive("m2")
+        fresh = h.status("m2")
+
+        async def unchanged(r: Receiving) -> Step:
+            r.remember([fresh])
+            step = await r.to_receiver("github", "m2", from_topic=True)
+            assert r.arrived == {}  # taken
+            return step
+
+        assert h.run(unchanged) is Step.RESPONDED
+        assert [r.message_id for r in receiver.requests] == ["m2"]
+
+
+def test_remembered_messages_are_bounded_by_count_and_bytes(tmp_path: Path) -> None:
+    from headwater.webhooks import receiving
+
+    with running_receiver(SECRET, scripted(Reply(200, b"{}"))) as receiver:
+        h = Harness(tmp_path, receiver)
+
+        async def fill(r: Receiving) -> tuple[int, int]:
+            big = b"x" * (receiving.REMEMBERED_BYTES // 4)
+            r.remember([MessageState.arrived("s", f"b{i}", "ci", big, 1.0) for i in range(6)])
+            by_bytes = len(r.arrived)
+            r.arrived.clear()
+            r._remembered_bytes = 0
+            n = receiving.REMEMBERED + 5
+            r.remember([MessageState.arrived("s", f"m{i}", "ci", b"{}", 1.0) for i in range(n)])
+            assert ("s", "m0") not in r.arrived and ("s", f"m{n - 1}") in r.arrived  # oldest out
+            return by_bytes, len(r.arrived)
+
+        assert h.run(fill) == (4, receiving.REMEMBERED)
