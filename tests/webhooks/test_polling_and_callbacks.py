@@ -10,6 +10,7 @@ import base64
 import json
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -138,4 +139,17 @@ def test_a_source_without_a_callback_is_done_at_once(tmp_path: Path) -> None:
 def test_poll_backoff_and_the_callback_body() -> None:
     assert [next_poll_in(n) for n in (1, 2, 3, 4, 10)] == [1.0, 2.0, 4.0, 8.0, 60.0]
     state = MessageState("s", "m", "ci", Status.RESPONSE_RECEIVED_FROM_RECEIVER, b"", 0.0, 0.0)
-    assert json.loads(callback_body(state))["response"] is None
+    assert json.loads(callback_body(state)) == {
+        "message_id": "m",
+        "receiver": "ci",
+        "status": "RESPONSE_RECEIVED_FROM_RECEIVER",
+        "response": None,
+    }
+    # the receiver's JSON as it came (an integer past 64 bits exact), or its text
+    for raw, response in (
+        (b' {"n": 123456789012345678901234567890}\n', {"n": 123456789012345678901234567890}),
+        (b"[1, 2]", [1, 2]),
+        (b"not json \xff", {"text": "not json \ufffd"}),
+    ):
+        body = callback_body(replace(state, response=raw))
+        assert json.loads(body)["response"] == response

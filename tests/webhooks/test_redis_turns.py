@@ -95,6 +95,9 @@ def test_a_closed_connection_fails_its_steps_and_the_next_connects(
 
 def test_commands_are_resp_as_redis_reads_them(redis_service: RedisService) -> None:
     assert encode(b"SET", "k", 5, 1.5) == b"*4\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n5\r\n$3\r\n1.5\r\n"
+    assert encode(Status.DONE, bytearray(b"x")) == b"*2\r\n$4\r\nDONE\r\n$1\r\nx\r\n"
+    with pytest.raises(TypeError, match="not NoneType"):
+        encode(b"SET", None)  # type: ignore[arg-type]
 
     async def go() -> list[bytes]:
         reader, writer = await asyncio.open_connection(redis_service.host, redis_service.port)
