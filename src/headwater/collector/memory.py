@@ -1,4 +1,5 @@
-"""Memory habits of the intake processes: the C heap's free pages, and the cyclic GC's pace.
+"""Memory habits of the intake processes (and of the process running the webhook workers,
+which paces its GC the same way): the C heap's free pages, and the cyclic GC's pace.
 
 glibc keeps memory freed in the middle of its heap; ``malloc_trim`` returns those pages. The
 intake processes call it after start-up and whenever their shared ring goes idle: a burst of
@@ -9,7 +10,9 @@ its buffers, its futures) and holds thousands of requests in flight. At Python's
 (a young collection every 700 net allocations of containers) the collector walked those
 requests hundreds of times a second: 19-22% of an intake loop at 100 WebSocket connections
 (2026-11-29). ``pace_gc`` makes young collections rare; reference cycles are still collected,
-later.
+later. The process holding the log paces its GC the same way (``paced``, at the server roles'
+entry points): its webhook workers make and free thousands of tasks, futures and states a
+message, and at the default pace ran 1,766 messages/s end to end, 2,016 paced (2026-11-29).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import gc
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 _LIBC: Any = None
 
@@ -54,3 +58,15 @@ def pace_gc(loop: asyncio.AbstractEventLoop) -> None:
         loop.call_later(YOUNG_COLLECTION_S, collect)
 
     loop.call_later(YOUNG_COLLECTION_S, collect)
+
+
+T = TypeVar("T")
+
+
+async def paced(main: Awaitable[T]) -> T:
+    """Run ``main`` (a server process's whole life) with the GC paced as ``pace_gc`` does, what
+    start-up made frozen out of the collector's walks."""
+    gc.collect()
+    gc.freeze()
+    pace_gc(asyncio.get_running_loop())
+    return await main

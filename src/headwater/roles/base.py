@@ -40,8 +40,11 @@ class Listens(Protocol):
 def run_role(
     serve: Serve, config: HeadwaterConfig, host: str | None, port: int | None, echo: Echo
 ) -> None:
-    """Run a role's ``serve`` (``serve_console``, ``serve_webhooks``...) until it stops."""
-    asyncio.run(serve(config, host, port, echo))
+    """Run a role's ``serve`` (``serve_console``, ``serve_webhooks``...) until it stops, its
+    GC paced (``collector.memory.paced``)."""
+    from headwater.collector.memory import paced
+
+    asyncio.run(paced(serve(config, host, port, echo)))
 
 
 def listen_address(section: Listens, host: str | None, port: int | None) -> tuple[str, int]:

@@ -344,6 +344,7 @@ def run(
 ) -> None:
     """Run ``serve`` to completion on uvloop where it is installed, with the intake in
     ``collector.workers`` processes forked first when there are more than one."""
+    from headwater.collector.memory import paced
     from headwater.collector.tls import server_certificate
     from headwater.collector.workers import IntakeWorkers, worker_count
 
@@ -362,13 +363,15 @@ def run(
             run_worker,
         )
         workers.start()
-    main = serve(
-        config,
-        listen,
-        echo,
-        with_pipeline=with_pipeline,
-        with_webhooks=with_webhooks,
-        workers=workers,
+    main = paced(
+        serve(
+            config,
+            listen,
+            echo,
+            with_pipeline=with_pipeline,
+            with_webhooks=with_webhooks,
+            workers=workers,
+        )
     )
     try:
         import uvloop
