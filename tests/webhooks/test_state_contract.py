@@ -572,3 +572,37 @@ def test_move_returns_what_advance_would_read_back(open_store) -> None:
         a.move(moved, Status.DONE, 4.0)  # it is FAILED now
     with pytest.raises(UnknownMessage):
         a.move(replace(moved, message_id="nobody"), Status.DONE, 4.0)
+
+
+def test_move_may_claim_the_next_send_in_the_same_step(open_store) -> None:
+    """The step that records a response claims the callback with it: another worker finds it
+    BUSY until the claim runs out, then INTERRUPTED (the callback may have gone out); the
+    attempt that answers it clears the claim."""
+    a, b = open_store(), open_store()
+    a.arrive("s", "m", "ci", b"{}", 1.0)
+    attempt = Attempt(2.0, "deliver", 200, 3.5, "{}")
+    responded = a.move(
+        a.get("s", "m"),  # type: ignore[arg-type]
+        Status.RESPONSE_RECEIVED_FROM_RECEIVER,
+        2.0,
+        response=b"{}",
+        via=Status.DELIVERED_TO_RECEIVER,
+        attempt=attempt,
+        claim_until=20.0,
+    )
+    assert b.get("s", "m") == responded
+    assert b.begin_send(responded, 10.0, 30.0) is Claim.BUSY
+    assert b.begin_send(responded, 25.0, 40.0) is Claim.INTERRUPTED  # its holder stopped
+    done = b.move(responded, Status.DONE, 26.0, attempt=Attempt(26.0, "callback", 200, 1.0))
+    assert done.status is Status.DONE
+    # and without a claim, a move with an attempt leaves no mark: the next send is CLAIMED
+    a.arrive("s", "n", "ci", b"{}", 1.0)
+    plain = a.move(
+        a.get("s", "n"),  # type: ignore[arg-type]
+        Status.RESPONSE_RECEIVED_FROM_RECEIVER,
+        2.0,
+        response=b"{}",
+        via=Status.DELIVERED_TO_RECEIVER,
+        attempt=attempt,
+    )
+    assert b.begin_send(plain, 3.0, 30.0) is Claim.CLAIMED

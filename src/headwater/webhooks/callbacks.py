@@ -78,7 +78,10 @@ async def to_sender(
     if due is not None:  # a repeated record before the retry is due
         await ctx.state.schedule(CALLBACK, source_id, message_id, due)
         return Step.SCHEDULED
-    claim = await ctx.state.begin_send(state, now, now + endpoint.timeout_s + SEND_GRACE_S)
+    if ctx.took_callback_claim(state):  # claimed with the response, in the step that got it
+        claim = Claim.CLAIMED
+    else:
+        claim = await ctx.state.begin_send(state, now, now + endpoint.timeout_s + SEND_GRACE_S)
     if claim in (Claim.BUSY, Claim.MOVED):  # another worker is calling back, or just did
         return await ctx.recheck(state, CALLBACK, endpoint.timeout_s)
     outcome = await deliver(

@@ -95,6 +95,10 @@ class Receiving:
     # (instead of reading each again): see ``remember``
     arrived: dict[tuple[str, str], MessageState] = field(default_factory=dict)
     _remembered_bytes: int = 0
+    # ``respond`` calls the sender back in place (the workers' does, but for ordered receivers):
+    # the step that gets the response then claims the callback with it (``callback_claim``)
+    inline_callbacks: bool = False
+    _callback_claims: set[tuple[str, str]] = field(default_factory=set)
     _signers: dict[tuple[str, ...], Signer] = field(default_factory=dict)
     _callbacks: dict[str, ReceiverConfig] = field(default_factory=dict)
     _disabled: tuple[float, frozenset[str]] = (0.0, frozenset())
@@ -123,6 +127,30 @@ class Receiving:
         if state is not None:
             self._remembered_bytes -= len(state.payload)
         return state
+
+    def calls_back_inline(self, state: MessageState) -> bool:
+        """Whether ``respond`` makes the callback of this message in place."""
+        receiver = self.config.receiver(state.receiver)
+        return self.inline_callbacks and receiver is not None and not receiver.ordered
+
+    def callback_claim(self, state: MessageState) -> float | None:
+        """Until when the step that records this message's response claims its callback (as
+        ``begin_send`` would, in the same step of the state), when ``respond`` makes it in
+        place and there is one to make; else None."""
+        if not self.calls_back_inline(state):
+            return None
+        source = self.config.source(state.source_id)
+        if source is None or source.callback_url is None:
+            return None
+        return self.clock() + self.callback_endpoint(source).timeout_s + SEND_GRACE_S
+
+    def took_callback_claim(self, state: MessageState) -> bool:
+        """Whether the step that recorded this message's response claimed its callback (once:
+        the claim is taken by the callback it was made for)."""
+        if state.key in self._callback_claims:
+            self._callback_claims.discard(state.key)
+            return True
+        return False
 
     def signer(self, endpoint: ReceiverConfig) -> Signer:
         """The signer of a receiver (or of a sender's callback), made once per set of secrets."""
@@ -245,6 +273,7 @@ class Receiving:
             if outcome.verdict is Verdict.RESULT or (
                 outcome.verdict is Verdict.ACCEPTED and receiver.status_url is None
             ):
+                claim = self.callback_claim(state)
                 done = await self.state.move(
                     state,
                     Status.RESPONSE_RECEIVED_FROM_RECEIVER,
@@ -252,8 +281,14 @@ class Receiving:
                     response=outcome.body or _accepted(outcome),
                     via=Status.DELIVERED_TO_RECEIVER,
                     attempt=attempt,
+                    claim_until=claim,
                 )
-                await self.respond(done)
+                if claim is not None:
+                    self._callback_claims.add(state.key)
+                try:
+                    await self.respond(done)
+                finally:
+                    self._callback_claims.discard(state.key)
                 return Step.RESPONDED
             if outcome.verdict is Verdict.ACCEPTED:
                 delivered = await self.state.move(

@@ -103,6 +103,7 @@ class Workers:
                 pending=self._pending,
                 failed=self._failed,
                 state=state,
+                inline_callbacks=True,  # see ``_respond``
             )
             t = self.names
             loops = [
@@ -149,9 +150,8 @@ class Workers:
         """The response goes back to the sender from here, in the step that got it (its
         record, uncommitted until then, brings the message back here after a crash); an
         ordered receiver's, whose queue must not wait for callbacks, through ``to_sender``."""
-        receiver = self.config.receiver(state.receiver)
-        if receiver is not None and not receiver.ordered:
-            assert self.ctx is not None
+        assert self.ctx is not None
+        if self.ctx.calls_back_inline(state):
             await to_sender(self.ctx, *state.key, state=state)
             return
         out = WebhookMessage(

@@ -284,13 +284,19 @@ class StateStore(abc.ABC):
         response: bytes | None = None,
         via: Status | None = None,
         attempt: Attempt | None = None,
+        claim_until: float | None = None,
     ) -> MessageState:
         """``advance`` for a message read as ``state``, returned as ``state.moved`` says
         (a backend may leave out reading it back: what a concurrent step added meanwhile, an
-        attempt, may be missing from it)."""
-        return self.advance(
+        attempt, may be missing from it). With ``claim_until``, the message is also claimed
+        for its next send until then, in the same step, as a ``begin_send`` that found no
+        mark would claim it (the step that got a response claims the callback with it)."""
+        moved = self.advance(
             *state.key, status, now, reason=reason, response=response, via=via, attempt=attempt
         )
+        if claim_until is not None:  # (not in one step: the backends do it in one)
+            self.begin_send(moved, now, claim_until)
+        return moved
 
     @abc.abstractmethod
     def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None: ...
@@ -444,11 +450,13 @@ class LoopState:
         response: bytes | None = None,
         via: Status | None = None,
         attempt: Attempt | None = None,
+        claim_until: float | None = None,
     ) -> MessageState:
         """``StateStore.move``: InvalidTransition when another worker moved it first."""
         return self.store.move(
-            state, status, now, reason=reason, response=response, via=via, attempt=attempt
-        )
+            state, status, now, reason=reason, response=response, via=via, attempt=attempt,
+            claim_until=claim_until,
+        )  # fmt: skip
 
     async def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None:
         self.store.record_attempt(source_id, message_id, attempt)

@@ -105,7 +105,8 @@ return 1
 
 # KEYS: message hash, history, failed set, attempts, done set; ARGV: status, now, reason (kept when
 # FAILED), has response, response, member of the failed set (and the listing), an attempt ('' for
-# none), prefix, source, '1' to read the message back, n history entries, the entries..., allowed
+# none), prefix, source, '1' to read the message back, the next send's claim ('' for none: see
+# ``StateStore.move``), n history entries, the entries..., allowed
 # previous statuses... Returns the message as it is now (its hash, history and attempts), or
 # only 'ok' when not read back.
 _ADVANCE = (
@@ -113,19 +114,20 @@ _ADVANCE = (
     + """
 local current = redis.call('HGET', KEYS[1], 'status')
 if not current then return {'missing'} end
-local n = tonumber(ARGV[11])
+local n = tonumber(ARGV[12])
 local allowed = false
-for i = 12 + n, #ARGV do if ARGV[i] == current then allowed = true end end
+for i = 13 + n, #ARGV do if ARGV[i] == current then allowed = true end end
 if not allowed then return {'refused', current} end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[2], 'reason', ARGV[3])
 if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'response', ARGV[5]) end
-for i = 12, 11 + n do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+for i = 13, 12 + n do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 local receiver = redis.call('HGET', KEYS[1], 'receiver')
 relist(ARGV[8], ARGV[9], receiver, current, ARGV[1], ARGV[6], ARGV[2])
 if ARGV[7] ~= '' then
   redis.call('RPUSH', KEYS[4], ARGV[7])
   redis.call('HDEL', KEYS[1], 'sending_until')
 end
+if ARGV[11] ~= '' then redis.call('HSET', KEYS[1], 'sending_until', ARGV[11]) end
 if ARGV[1] == 'FAILED' then
   redis.call('ZADD', KEYS[3], ARGV[2], ARGV[6])
 elseif current == 'FAILED' then
@@ -437,6 +439,7 @@ class RedisState(StateStore):
         retry: bool = False,
         attempt: Attempt | None = None,
         read_back: bool = True,
+        claim_until: float | None = None,
     ) -> Step[MessageState | None]:
         """(``read_back``: the message as it is now, else None.)"""
         message, history, attempts = self._keys(source_id, message_id)
@@ -446,7 +449,9 @@ class RedisState(StateStore):
         tried = orjson.dumps(attempt.__dict__) if attempt is not None else ""
         args: list[Any] = [status.value, repr(now), kept, "1" if response else "0"]
         args += [response or b"", f"{source_id}{SEP}{message_id}", tried, self.prefix, source_id]
-        args += ["1" if read_back else "0", len(entries), *entries, *(s.value for s in allowed)]
+        claim = "" if claim_until is None else repr(claim_until)
+        args += ["1" if read_back else "0", claim, len(entries), *entries]
+        args += [s.value for s in allowed]
         keys = [message, history, f"{self.prefix}f", attempts, f"{self.prefix}d"]
 
         def done(outcome: Any) -> MessageState | None:
@@ -564,10 +569,11 @@ class RedisState(StateStore):
         response: bytes | None = None,
         via: Status | None = None,
         attempt: Attempt | None = None,
+        claim_until: float | None = None,
     ) -> MessageState:
         step = self.advance_step(
             *state.key, status, now, reason=reason, response=response, via=via, attempt=attempt,
-            read_back=False,
+            read_back=False, claim_until=claim_until,
         )  # fmt: skip
         self._do(step)
         return state.moved(status, now, reason=reason, response=response, via=via, attempt=attempt)
@@ -737,10 +743,11 @@ class RedisLoopState(LoopState):
         response: bytes | None = None,
         via: Status | None = None,
         attempt: Attempt | None = None,
+        claim_until: float | None = None,
     ) -> MessageState:
         step = self.store.advance_step(
             *state.key, status, now, reason=reason, response=response, via=via, attempt=attempt,
-            read_back=False,
+            read_back=False, claim_until=claim_until,
         )  # fmt: skip
         await self._do(step)
         return state.moved(status, now, reason=reason, response=response, via=via, attempt=attempt)

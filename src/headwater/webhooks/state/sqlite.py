@@ -322,9 +322,12 @@ class SqliteState(StateStore):
         response: bytes | None = None,
         via: Status | None = None,
         attempt: Attempt | None = None,
+        claim_until: float | None = None,
     ) -> MessageState:
         """``advance`` without reading the row back."""
-        self._advance(*state.key, status, now, reason, response, via, False, attempt, "1")
+        self._advance(
+            *state.key, status, now, reason, response, via, False, attempt, "1", claim_until
+        )
         return state.moved(status, now, reason=reason, response=response, via=via, attempt=attempt)
 
     def _advance(
@@ -339,6 +342,7 @@ class SqliteState(StateStore):
         retry: bool,
         attempt: Attempt | None,
         returning: str,
+        claim_until: float | None = None,
     ) -> tuple[Any, ...]:
         allowed, steps = path_to(status, via, retry)
         entries = [_json([step.value, now, reason]) for step in steps]
@@ -355,8 +359,13 @@ class SqliteState(StateStore):
             *entries,
         ]
         if attempt is not None:
-            sql += ", attempts = json_insert(attempts, '$[#]', json(?)), sending_until = NULL"
+            sql += ", attempts = json_insert(attempts, '$[#]', json(?))"
             args.append(_json(attempt))
+        if claim_until is not None:  # claimed for the next send (as begin_send would)
+            sql += ", was_sending = NULL, sending_until = ?"
+            args.append(claim_until)
+        elif attempt is not None:
+            sql += ", sending_until = NULL"
         marks = ", ".join("?" * len(allowed))
         sql += (
             f" WHERE source_id = ? AND message_id = ? AND status IN ({marks}) RETURNING {returning}"
