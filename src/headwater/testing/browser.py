@@ -68,9 +68,22 @@ def page(browser: Browser) -> Iterator[Page]:
     assert not errors, errors
 
 
+SCREENSHOT_TRIES = 3
+
+
 def screenshot(page: Page, name: str) -> Path:
-    """Save the page as ``docs/console/<name>.png`` (the README links them)."""
+    """Save the page as ``docs/console/<name>.png`` (the README links them). Headless Chromium
+    on a loaded machine sometimes answers a capture with "Unable to capture screenshot" (seen
+    once in CI, 2026-11-29): that is tried again, up to ``SCREENSHOT_TRIES`` times."""
+    from playwright.sync_api import Error
+
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=False)
+    for tries_left in range(SCREENSHOT_TRIES - 1, -1, -1):
+        try:
+            page.screenshot(path=str(path), full_page=False)
+            return path
+        except Error as e:
+            if "Unable to capture screenshot" not in str(e) or not tries_left:
+                raise
     return path
