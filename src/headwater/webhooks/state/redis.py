@@ -571,12 +571,38 @@ class RedisState(StateStore):
         attempt: Attempt | None = None,
         claim_until: float | None = None,
     ) -> MessageState:
-        step = self.advance_step(
+        return self._do(
+            self.move_step(
+                state, status, now, reason=reason, response=response, via=via, attempt=attempt,
+                claim_until=claim_until,
+            )
+        )  # fmt: skip
+
+    def move_step(
+        self,
+        state: MessageState,
+        status: Status,
+        now: float,
+        *,
+        reason: str = "",
+        response: bytes | None = None,
+        via: Status | None = None,
+        attempt: Attempt | None = None,
+        claim_until: float | None = None,
+    ) -> Step[MessageState]:
+        """``advance_step``, not read back: it answers ``state.moved`` (``StateStore.move``)."""
+        call, checked = self.advance_step(
             *state.key, status, now, reason=reason, response=response, via=via, attempt=attempt,
             read_back=False, claim_until=claim_until,
         )  # fmt: skip
-        self._do(step)
-        return state.moved(status, now, reason=reason, response=response, via=via, attempt=attempt)
+
+        def done(answer: Any) -> MessageState:
+            checked(answer)  # (refused, unknown: raised)
+            return state.moved(
+                status, now, reason=reason, response=response, via=via, attempt=attempt
+            )
+
+        return call, done
 
     def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None:
         self._do(self.attempt_step(source_id, message_id, attempt))
@@ -745,12 +771,12 @@ class RedisLoopState(LoopState):
         attempt: Attempt | None = None,
         claim_until: float | None = None,
     ) -> MessageState:
-        step = self.store.advance_step(
-            *state.key, status, now, reason=reason, response=response, via=via, attempt=attempt,
-            read_back=False, claim_until=claim_until,
+        return await self._do(
+            self.store.move_step(
+                state, status, now, reason=reason, response=response, via=via, attempt=attempt,
+                claim_until=claim_until,
+            )
         )  # fmt: skip
-        await self._do(step)
-        return state.moved(status, now, reason=reason, response=response, via=via, attempt=attempt)
 
     async def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None:
         await self._do(self.store.attempt_step(source_id, message_id, attempt))
