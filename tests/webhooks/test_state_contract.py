@@ -540,6 +540,47 @@ def test_redis_lists_the_messages_recorded_before_the_listing(redis_service) -> 
     client.close()
 
 
+def test_redis_scores_in_seconds_from_an_older_store_are_listed_again(redis_service) -> None:
+    """A store whose sets were scored in seconds (as they once were, not in whole microseconds)
+    is listed again on first use: its pages, its failed messages since a time and its purge
+    answer as they would in a new store."""
+    import redis
+
+    prefix = f"test[{uuid.uuid4().hex[:6]}]:"
+    old = RedisState(redis_service.url, prefix=prefix)
+    for i in range(300):
+        old.arrive(f"s{i % 3}", f"m{i}", f"r{i % 2}", b"{}", 100.0 + i)
+    for i in range(0, 300, 3):
+        old.advance(f"s{i % 3}", f"m{i}", Status.FAILED, 1000.0 + i, reason="x")
+    for i in range(1, 300, 3):
+        key = (f"s{i % 3}", f"m{i}")
+        responded = Status.RESPONSE_RECEIVED_FROM_RECEIVER
+        old.advance(*key, responded, 999.0, response=b"{}", via=Status.DELIVERED_TO_RECEIVER)
+        old.advance(*key, Status.DONE, 1000.0 + i)
+    listed = old.messages(None, None, None, 1000)
+    failed = old.failed(since=1150.0)
+    client = redis.Redis.from_url(redis_service.url)
+    for key in client.scan_iter(match=f"{prefix}*".encode(), count=1000):
+        name = key[len(prefix) :]
+        if name.startswith((b"l:", b"lr:", b"ls:", b"lsr:")) or name in (b"f", b"d"):
+            rescored = {m: s / 1e6 for m, s in client.zrange(key, 0, -1, withscores=True)}
+            client.zadd(key, rescored)  # as an older store scored them: in seconds
+    client.delete(f"{prefix}lv2")
+    fresh = RedisState(redis_service.url, prefix=prefix)
+    assert [m.key for m in fresh.failed(since=1150.0)] == [m.key for m in failed]
+    assert fresh.messages(None, None, None, 1000) == listed
+    first = fresh.messages("s1", None, "r0", 7)
+    assert fresh.messages("s1", None, "r0", 1000, before=cursor(first[-1])) == [
+        m for m in listed if m.key[0] == "s1" and m.receiver == "r0"
+    ][7:]
+    assert fresh.purge(before=1100.0) == len(range(1, 100, 3))
+    counted = sum(n for by_status in fresh.counts().values() for n in by_status.values())
+    assert counted == 300 - len(range(1, 100, 3))
+    for store in (old, fresh):
+        store.close()
+    client.close()
+
+
 def test_move_returns_what_advance_would_read_back(open_store) -> None:
     """``move`` (the workers' hot path, which may skip reading the message back) leaves the
     message as ``advance`` does and returns it as it is; refused and unknown as advance is."""
