@@ -570,9 +570,10 @@ def test_redis_scores_in_seconds_from_an_older_store_are_listed_again(redis_serv
     assert [m.key for m in fresh.failed(since=1150.0)] == [m.key for m in failed]
     assert fresh.messages(None, None, None, 1000) == listed
     first = fresh.messages("s1", None, "r0", 7)
-    assert fresh.messages("s1", None, "r0", 1000, before=cursor(first[-1])) == [
-        m for m in listed if m.key[0] == "s1" and m.receiver == "r0"
-    ][7:]
+    assert (
+        fresh.messages("s1", None, "r0", 1000, before=cursor(first[-1]))
+        == [m for m in listed if m.key[0] == "s1" and m.receiver == "r0"][7:]
+    )
     assert fresh.purge(before=1100.0) == len(range(1, 100, 3))
     counted = sum(n for by_status in fresh.counts().values() for n in by_status.values())
     assert counted == 300 - len(range(1, 100, 3))
