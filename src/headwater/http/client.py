@@ -64,6 +64,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 _READ_BYTES = 64 * 1024
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 REPEAT_SAFE = frozenset({"idempotency-key", "webhook-id"})
+TARGETS_KEPT = 1024  # parsed URLs kept by a client
 """Headers that make any request safe to send twice: the receiver drops a repeat of their value."""
 Origin = tuple[str, str, int]
 
@@ -109,6 +110,7 @@ class HttpClient:
         self.before = before
         self.max_body_bytes = max_body_bytes
         self._idle: dict[Origin, list[_Connection]] = {}
+        self._targets: dict[str, tuple[Origin, str, str]] = {}
         self._ssl = ssl_context
         self._closed = False
 
@@ -121,13 +123,7 @@ class HttpClient:
         body: bytes | None = None,
         timeout: float = 30.0,
     ) -> Response:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise HttpError(f"not an http(s) URL: {url!r}")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        origin = (parts.scheme, parts.hostname, port)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        host = parts.netloc.rsplit("@", 1)[-1]
+        origin, target, host = self._target(url)
         head = [f"{method} {target} HTTP/1.1", f"Host: {host}", f"User-Agent: {self.user_agent}"]
         head += [f"{k}: {v}" for k, v in (headers or {}).items()]
         if body is not None or method in ("POST", "PUT", "PATCH"):
@@ -147,12 +143,30 @@ class HttpClient:
                     conn = await self._connect(origin)
                     response, keep = await self._exchange(conn, payload, method)
         except HttpError as e:
-            raise HttpError(f"{method} {parts.scheme}://{host}: {e}") from None
+            raise HttpError(f"{method} {origin[0]}://{host}: {e}") from None
         if keep and not self._closed:
             self._idle.setdefault(origin, []).append(conn)
         else:
             conn.close()
         return response
+
+    def _target(self, url: str) -> tuple[Origin, str, str]:
+        """The origin, request target and Host of ``url`` (parsed once: a client sends to the
+        same few URLs again and again)."""
+        found = self._targets.get(url)
+        if found is not None:
+            return found
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise HttpError(f"not an http(s) URL: {url!r}")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        origin = (parts.scheme, parts.hostname, port)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        host = parts.netloc.rsplit("@", 1)[-1]
+        if len(self._targets) >= TARGETS_KEPT:  # (URLs made per message: a poll's status URL)
+            self._targets.clear()
+        found = self._targets[url] = (origin, target, host)
+        return found
 
     async def _exchange(
         self, conn: _Connection, payload: bytes, method: str

@@ -11,7 +11,7 @@ delivery, then the response. Every transition is timestamped.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -128,15 +128,21 @@ class MessageState:
     ) -> MessageState:
         """This message as ``StateStore.advance`` leaves it (what ``move`` returns, worked out
         here instead of read back)."""
-        steps = (status,) if via is None else (via, status)
-        return replace(
-            self,
-            status=status,
-            updated_at=now,
-            reason=reason if status is Status.FAILED else "",
-            response=self.response if response is None else response,
-            history=(*self.history, *(Transition(s, now, reason) for s in steps)),
-            attempts=self.attempts if attempt is None else (*self.attempts, attempt),
+        moved = (Transition(status, now, reason),)
+        if via is not None:
+            moved = (Transition(via, now, reason), *moved)
+        return MessageState(  # (not ``dataclasses.replace``: a hot path, and it is 5x slower)
+            self.source_id,
+            self.message_id,
+            self.receiver,
+            status,
+            self.payload,
+            self.created_at,
+            now,
+            reason if status is Status.FAILED else "",
+            self.response if response is None else response,
+            self.history + moved,
+            self.attempts if attempt is None else (*self.attempts, attempt),
         )
 
     def resume_stage(self) -> tuple[Status, str]:
