@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -515,6 +516,56 @@ def test_ten_thousand_messages_are_listed_in_order(store: StateStore) -> None:
     }
 
 
+def test_redis_a_source_is_listed_in_bounded_walks(redis_service) -> None:
+    """A source's page walks its statuses' sets (a source is not indexed) at most ``walk``
+    members a set a script: a page takes as many scripts as it needs, and every page but the
+    last is full, in order, each message once."""
+    store = RedisState(redis_service.url, prefix=f"test:{uuid.uuid4().hex[:6]}:")
+    store.walk = 7
+    batch = [(f"src{i % 5}", f"m{i:04d}", f"r{i % 2}", b"{}") for i in range(600)]
+    known: dict[tuple[str, str], tuple[float, Status, str]] = {}
+    for start in range(0, 600, 100):  # 100 arrive at once: ties
+        store.arrive_many(batch[start : start + 100], float(start // 100))
+        for source, message, receiver, _ in batch[start : start + 100]:
+            known[source, message] = (float(start // 100), Status.ARRIVED, receiver)
+    for k, (source, message, receiver, _) in enumerate(batch[::3]):
+        store.advance(source, message, Status.FAILED, 50.0 + k % 4, reason="x")
+        known[source, message] = (50.0 + k % 4, Status.FAILED, receiver)
+    scripts = 0
+    run = store._messages
+
+    def counted(**kw: Any) -> Any:
+        nonlocal scripts
+        scripts += 1
+        return run(**kw)
+
+    store._messages = counted  # type: ignore[method-assign]
+    for source, status, receiver in [
+        ("src3", None, None),
+        ("src1", "FAILED", None),
+        ("src4", None, "r1"),
+        ("src0", "ARRIVED", "r0"),
+    ]:
+        wanted = sorted(
+            (
+                (at, s, m)
+                for (s, m), (at, st, r) in known.items()
+                if s == source and status in (None, st.value) and receiver in (None, r)
+            ),
+            reverse=True,
+        )
+        pages, before, seen = 0, None, []
+        while page := store.messages(source, status, receiver, 9, before):
+            pages += 1
+            seen += [cursor(m) for m in page]
+            assert len(page) == 9 or len(seen) == len(wanted)
+            before = seen[-1]
+        assert seen == wanted
+        assert pages == -(-len(wanted) // 9)
+    assert scripts > 200  # (each walk of 7 members finds about one message of a source)
+    store.close()
+
+
 def test_redis_lists_the_messages_recorded_before_the_listing(redis_service) -> None:
     import redis
 
@@ -543,7 +594,7 @@ def test_redis_lists_the_messages_recorded_before_the_listing(redis_service) -> 
 def test_redis_scores_in_seconds_from_an_older_store_are_listed_again(redis_service) -> None:
     """A store whose sets were scored in seconds (as they once were, not in whole microseconds)
     is listed again on first use: its pages, its failed messages since a time and its purge
-    answer as they would in a new store."""
+    answer as they would in a new store; the sets by source it kept are deleted."""
     import redis
 
     prefix = f"test[{uuid.uuid4().hex[:6]}]:"
@@ -566,8 +617,12 @@ def test_redis_scores_in_seconds_from_an_older_store_are_listed_again(redis_serv
             rescored = {m: s / 1e6 for m, s in client.zrange(key, 0, -1, withscores=True)}
             client.zadd(key, rescored)  # as an older store scored them: in seconds
     client.delete(f"{prefix}lv2")
+    by_source = [f"{prefix}ls:s1\0ARRIVED", f"{prefix}lsr:s1\0r1\0ARRIVED"]
+    for key in by_source:  # the sets by source an older store kept
+        client.zadd(key, {"s1\0m1": 100.0})
     fresh = RedisState(redis_service.url, prefix=prefix)
     assert [m.key for m in fresh.failed(since=1150.0)] == [m.key for m in failed]
+    assert client.exists(*by_source) == 0
     assert fresh.messages(None, None, None, 1000) == listed
     first = fresh.messages("s1", None, "r0", 7)
     assert (

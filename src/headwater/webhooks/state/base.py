@@ -354,7 +354,9 @@ class StateStore(abc.ABC):
         :func:`cursor` of the last message of the previous page: the page holds the messages
         ordered after it, so walking pages lists every message that did not change meanwhile
         exactly once (a message that changes moves to the top, with its new ``updated_at``).
-        Served by an index: the cost of a page does not grow with the number of messages."""
+        Served by an index of the statuses (and receivers): the cost of a page does not grow
+        with the number of messages; a source is filtered while walking those ranges, so a rare
+        source's page walks more of them (indexing it too would cost every status change)."""
 
     @abc.abstractmethod
     def counts(self, receiver: str | None = None) -> dict[str, dict[str, int]]:

@@ -9,14 +9,19 @@ theoretical arrival time, ``f`` the FAILED messages and ``d`` the DONE ones (sor
 time they got there, in whole microseconds as the listing),
 ``receivers`` the receivers' disabled flags (a hash by name).
 
-The listing (``messages``, ``counts``): every message is a member ``<source>\\0<id>`` of four
-sorted sets of its status, scored by its ``updated_at`` in whole microseconds: ``l:<status>``,
-``lr:<receiver>\\0<status>``, ``ls:<source>\\0<status>`` and
-``lsr:<source>\\0<receiver>\\0<status>``, moved from the old status's sets to the new one's in
-the script that changes the status (and removed in the one that purges it); ``lrs`` is the set of
+The listing (``messages``, ``counts``): every message is a member ``<source>\\0<id>`` of two
+sorted sets of its status, scored by its ``updated_at`` in whole microseconds: ``l:<status>``
+and ``lr:<receiver>\\0<status>``, moved from the old status's sets to the new one's in the
+script that changes the status (and removed in the one that purges it); ``lrs`` is the set of
 receivers with messages. A page is one rank range per status selected, merged; a receiver's count
-in a status is the cardinality of its set. ``lv2`` marks that the messages recorded before the
-listing existed, or scored in seconds as it once was, were listed (again), on the first
+in a status is the cardinality of its set. A source is not indexed (as in the SQLite state): its
+page walks the ranges of the statuses (and the receiver) selected, keeping its own members (they
+start with the source), at most ``WALK`` members a script, as many scripts as the page takes.
+Each set is a ZREM and a ZADD at every status change: the two sets of a source (and of a source
+and a receiver) that were once kept too doubled the Redis calls of a message's steps.
+
+``lv2`` marks that the messages recorded before the listing existed, or scored in seconds as it
+once was, were listed (again), and the sets by source of an older store deleted, on the first
 ``messages``, ``counts``, ``failed`` or ``purge`` of a store. The scripts name the sets and a
 listed message's keys from ``prefix``, which they are given.
 
@@ -32,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -58,6 +63,7 @@ from headwater.webhooks.state.redis_turns import TurnPipeline
 
 SEP = "\0"
 RELIST_BATCH = 500  # messages indexed per script when the listing is first built
+WALK = 10_000  # members a listing script walks at most (for a source's page: see the module)
 
 # The listing's sets (see the module's docstring; ``RedisState._listing`` names them too): the
 # sets a message of ``source``, ``receiver`` in ``status`` is in, and moving it between statuses'
@@ -72,9 +78,7 @@ local function score(at)  -- seconds (as text) -> whole microseconds (as text): 
   return string.format('%.0f', tonumber(at) * 1000000)
 end
 local function listing(prefix, source, receiver, status)
-  return {prefix .. 'l:' .. status, prefix .. 'lr:' .. receiver .. SEP .. status,
-          prefix .. 'ls:' .. source .. SEP .. status,
-          prefix .. 'lsr:' .. source .. SEP .. receiver .. SEP .. status}
+  return {prefix .. 'l:' .. status, prefix .. 'lr:' .. receiver .. SEP .. status}
 end
 local function relist(prefix, source, receiver, from, to, member, at)
   if from then
@@ -123,22 +127,29 @@ return 1
 _ADVANCE = (
     _LISTING
     + """
-local current = redis.call('HGET', KEYS[1], 'status')
+local found = redis.call('HMGET', KEYS[1], 'status', 'receiver')
+local current = found[1]
 if not current then return {'missing'} end
 local n = tonumber(ARGV[12])
 local allowed = false
 for i = 13 + n, #ARGV do if ARGV[i] == current then allowed = true end end
 if not allowed then return {'refused', current} end
-redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[2], 'reason', ARGV[3])
-if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'response', ARGV[5]) end
-for i = 13, 12 + n do redis.call('RPUSH', KEYS[2], ARGV[i]) end
-local receiver = redis.call('HGET', KEYS[1], 'receiver')
-relist(ARGV[8], ARGV[9], receiver, current, ARGV[1], ARGV[6], ARGV[2])
-if ARGV[7] ~= '' then
-  redis.call('RPUSH', KEYS[4], ARGV[7])
+-- as few calls as it takes (each costs Redis more than the change it makes)
+local fields = {'status', ARGV[1], 'updated_at', ARGV[2], 'reason', ARGV[3]}
+if ARGV[4] == '1' then
+  fields[#fields + 1] = 'response'
+  fields[#fields + 1] = ARGV[5]
+end
+if ARGV[11] ~= '' then  -- claimed for the next send
+  fields[#fields + 1] = 'sending_until'
+  fields[#fields + 1] = ARGV[11]
+elseif ARGV[7] ~= '' then  -- an attempt recorded: its send is over
   redis.call('HDEL', KEYS[1], 'sending_until')
 end
-if ARGV[11] ~= '' then redis.call('HSET', KEYS[1], 'sending_until', ARGV[11]) end
+redis.call('HSET', KEYS[1], unpack(fields))
+if n > 0 then redis.call('RPUSH', KEYS[2], unpack(ARGV, 13, 12 + n)) end
+relist(ARGV[8], ARGV[9], found[2], current, ARGV[1], ARGV[6], ARGV[2])
+if ARGV[7] ~= '' then redis.call('RPUSH', KEYS[4], ARGV[7]) end
 if ARGV[1] == 'FAILED' then
   redis.call('ZADD', KEYS[3], score(ARGV[2]), ARGV[6])
 elseif current == 'FAILED' then
@@ -154,8 +165,9 @@ return {'ok', redis.call('HGETALL', KEYS[1]), redis.call('LRANGE', KEYS[2], 0, -
 # KEYS: message hash, history, attempts. Returns the hash, history and attempts (an empty
 # hash: no such message).
 _GET = """
-return {redis.call('HGETALL', KEYS[1]), redis.call('LRANGE', KEYS[2], 0, -1),
-        redis.call('LRANGE', KEYS[3], 0, -1)}
+local message = redis.call('HGETALL', KEYS[1])
+if #message == 0 then return {message, {}, {}} end  -- (the intake's dedup: mostly new ones)
+return {message, redis.call('LRANGE', KEYS[2], 0, -1), redis.call('LRANGE', KEYS[3], 0, -1)}
 """
 
 # KEYS: schedule; ARGV: due time, member
@@ -196,10 +208,10 @@ return 0
 # KEYS: message hash, attempts; ARGV: now, until, expected status, expected attempts.
 # Returns claimed, interrupted, busy, moved or missing.
 _BEGIN_SEND = """
-local status = redis.call('HGET', KEYS[1], 'status')
+local found = redis.call('HMGET', KEYS[1], 'status', 'sending_until')
+local status, mark = found[1], found[2]
 if not status then return 'missing' end
 if status ~= ARGV[3] or redis.call('LLEN', KEYS[2]) ~= tonumber(ARGV[4]) then return 'moved' end
-local mark = redis.call('HGET', KEYS[1], 'sending_until')
 if mark and tonumber(mark) > tonumber(ARGV[1]) then return 'busy' end
 redis.call('HSET', KEYS[1], 'sending_until', ARGV[2])
 if mark then return 'interrupted' end
@@ -239,8 +251,11 @@ return #members
 )
 
 # KEYS: the listing's set of each status selected; ARGV: prefix, limit, '1' with a cursor,
-# the cursor's updated_at (whole microseconds), its member. Returns the page: member, hash,
-# history, attempts each.
+# the cursor's updated_at (whole microseconds), its member, the members' start wanted ('' any:
+# a source and SEP), the most members to walk. Returns the page (member, hash, history,
+# attempts each) and where a walk stopped short ({} none, else its score and member: the
+# page holds what comes before it, and the next page starts after it). Each set walks at most
+# that many members, so a page goes on from where the last script stopped.
 _MESSAGES = """
 local function less(a, b)  -- by bytes, as the sets order members (Lua's < follows the locale)
   for i = 1, math.min(#a, #b) do
@@ -249,8 +264,14 @@ local function less(a, b)  -- by bytes, as the sets order members (Lua's < follo
   end
   return #a < #b
 end
+local function newer(a, b)  -- {score, member, score as text}: a comes first in a page
+  if a[1] ~= b[1] then return a[1] > b[1] end
+  return less(b[2], a[2])
+end
 local limit = tonumber(ARGV[2])
+local wanted = ARGV[6]
 local found = {}
+local stop = nil  -- the newest place a walk stopped short
 for _, key in ipairs(KEYS) do
   local first = 0
   if ARGV[3] == '1' then
@@ -267,21 +288,40 @@ for _, key in ipairs(KEYS) do
       end
     end
   end
-  local rows = redis.call('ZREVRANGE', key, first, first + limit - 1, 'WITHSCORES')
-  for i = 1, #rows, 2 do found[#found + 1] = {tonumber(rows[i + 1]), rows[i]} end
+  local kept, last, budget = 0, nil, tonumber(ARGV[7])  -- (each key's: each walks some)
+  while kept < limit do
+    local chunk = limit - kept
+    if wanted ~= '' then chunk = math.min(1000, budget) end
+    if chunk <= 0 then  -- the walk's budget is spent: the page stops here
+      if last and (not stop or newer(last, stop)) then stop = last end
+      break
+    end
+    local rows = redis.call('ZREVRANGE', key, first, first + chunk - 1, 'WITHSCORES')
+    for i = 1, #rows, 2 do
+      last = {tonumber(rows[i + 1]), rows[i], rows[i + 1]}
+      if wanted == '' or string.sub(rows[i], 1, #wanted) == wanted then
+        found[#found + 1] = last
+        kept = kept + 1
+        if kept >= limit then break end
+      end
+    end
+    if wanted ~= '' then budget = budget - #rows / 2 end
+    first = first + #rows / 2
+    if #rows / 2 < chunk then break end  -- the set's end
+  end
 end
-table.sort(found, function(a, b)
-  if a[1] ~= b[1] then return a[1] > b[1] end
-  return less(b[2], a[2])
-end)
+table.sort(found, newer)
 local page = {}
 for i = 1, math.min(limit, #found) do
-  local member = found[i][2]
+  local at = found[i]
+  if stop and newer(stop, at) then break end  -- past where a walk stopped: the next page's
+  local member = at[2]
   page[i] = {member, redis.call('HGETALL', ARGV[1] .. 'm:' .. member),
              redis.call('LRANGE', ARGV[1] .. 'h:' .. member, 0, -1),
              redis.call('LRANGE', ARGV[1] .. 'a:' .. member, 0, -1)}
 end
-return page
+if stop then return {page, {stop[3], stop[2]}} end
+return {page, {}}
 """
 
 # KEYS: receivers with messages; ARGV: prefix, '1' for one receiver, the receiver. Returns a row
@@ -377,6 +417,22 @@ Call = tuple[Any, list[Any], list[Any]]
 Step = tuple[Call, Callable[[Any], T]]
 
 
+def _glob(head: bytes) -> bytes:
+    """A SCAN pattern of the keys that start with ``head``."""
+    return re.sub(rb"([*?\[\]\\])", rb"\\\1", head) + b"*"
+
+
+def _chunks(items: Iterable[T], n: int) -> Iterator[list[T]]:
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def _score(at: float) -> str:
     """A time as the sorted sets score it: whole microseconds (rounded as the scripts'
     ``score`` rounds; see the module)."""
@@ -412,6 +468,7 @@ class RedisState(StateStore):
         self._counts = self._redis.register_script(_COUNTS)
         self._relist = self._redis.register_script(_RELIST)
         self._listed = False  # the messages from before the listing are known to be in it
+        self.walk = WALK
         self.scripts = [self._arrive, self._get, self._advance, self._attempt, self._schedule]
         self.scripts += [self._take_due, self._release, self._begin_send, self._acquire]
 
@@ -673,19 +730,26 @@ class RedisState(StateStore):
         limit: int,
         before: Cursor | None = None,
     ) -> list[MessageState]:
-        keys = [self._listing(source_id, receiver, s) for s in statuses(status)]
+        keys = [self._listing(receiver, s) for s in statuses(status)]
         if limit <= 0:
             return []
         self._list_existing()
-        args: list[Any] = [self.prefix, limit, "0", "", ""]
+        wanted = "" if source_id is None else f"{source_id}{SEP}"
+        after: list[Any] = ["0", "", ""]
         if before is not None:
             at, after_source, after_message = before
-            args[2:] = ["1", _score(float(at)), f"{after_source}{SEP}{after_message}"]
-        page = []
-        for member, flat, transitions, tries in self._messages(keys=keys, args=args):
-            if flat:  # always, but for a message purged by a worker from before the listing
-                fields = dict(zip(flat[::2], flat[1::2], strict=True))
-                page.append(_decode(*_split(member), fields, transitions, tries))
+            after = ["1", _score(float(at)), f"{after_source}{SEP}{after_message}"]
+        page: list[MessageState] = []
+        while len(page) < limit:  # (more than one script: a source's walk stopped short)
+            args = [self.prefix, limit - len(page), *after, wanted, self.walk]
+            rows, stop = self._messages(keys=keys, args=args)
+            for member, flat, transitions, tries in rows:
+                if flat:  # always, but for a message purged by a worker from before the listing
+                    fields = dict(zip(flat[::2], flat[1::2], strict=True))
+                    page.append(_decode(*_split(member), fields, transitions, tries))
+            if not stop:
+                break
+            after = ["1", *stop]
         return page
 
     def counts(self, receiver: str | None = None) -> dict[str, dict[str, int]]:
@@ -697,15 +761,11 @@ class RedisState(StateStore):
                 out[name.decode()] = {s.value: n for s, n in zip(Status, by_status, strict=True)}
         return out
 
-    def _listing(self, source_id: str | None, receiver: str | None, status: Status) -> str:
-        """The sorted set of the messages in ``status`` (of ``source_id``, of ``receiver``)."""
-        if source_id is None:
-            if receiver is None:
-                return f"{self.prefix}l:{status.value}"
-            return f"{self.prefix}lr:{receiver}{SEP}{status.value}"
+    def _listing(self, receiver: str | None, status: Status) -> str:
+        """The sorted set of the messages in ``status`` (of ``receiver``)."""
         if receiver is None:
-            return f"{self.prefix}ls:{source_id}{SEP}{status.value}"
-        return f"{self.prefix}lsr:{source_id}{SEP}{receiver}{SEP}{status.value}"
+            return f"{self.prefix}l:{status.value}"
+        return f"{self.prefix}lr:{receiver}{SEP}{status.value}"
 
     def _list_existing(self) -> None:
         """List the messages recorded before the listing existed, or scored in seconds as it
@@ -717,7 +777,7 @@ class RedisState(StateStore):
         if not self._redis.exists(marker):
             keys = [f"{self.prefix}lrs", f"{self.prefix}f", f"{self.prefix}d"]
             head = f"{self.prefix}m:".encode()
-            pattern = re.sub(rb"([*?\[\]\\])", rb"\\\1", head) + b"*"
+            pattern = _glob(head)
             batch: list[bytes] = []
             for key in self._redis.scan_iter(match=pattern, count=1000):
                 batch.append(key[len(head) :])
@@ -726,6 +786,10 @@ class RedisState(StateStore):
                     batch = []
             if batch:
                 self._relist(keys=keys, args=[self.prefix, *batch])
+            for kind in (b"ls:", b"lsr:"):  # an older store's sets by source
+                sets = _glob(f"{self.prefix}".encode() + kind)
+                for found in _chunks(self._redis.scan_iter(match=sets, count=1000), 500):
+                    self._redis.delete(*found)
             self._redis.set(marker, 1)
         self._listed = True
 
