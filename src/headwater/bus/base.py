@@ -64,6 +64,10 @@ class Closing(ABC):
 class Consumer(Closing):
     """Reads the partitions of some topics for one group, from its committed offsets."""
 
+    # ``poll(n, 0)`` and ``commit`` answer at once (no network, no waiting on a lock held across
+    # I/O): an event loop may call them in place rather than on a thread of its own
+    polls_in_place: ClassVar[bool] = False
+
     @abstractmethod
     def poll(self, max_records: int = 500, timeout: float = 1.0) -> list[Record]:
         """Up to ``max_records`` records; waits at most ``timeout`` seconds when none are ready."""

@@ -270,7 +270,13 @@ class Workers:
                 else:
                     wait = BUSY_POLL_S if running else IDLE_POLL_S
                     n = min(POLL_RECORDS, limit - len(running))
-                    records = await loop.run_in_executor(pool, consumer.poll, n, wait)
+                    # what is there already, taken in place where the consumer can (a trip
+                    # through the thread is a handful of wake-ups); waited for on the thread
+                    records = consumer.poll(n, 0) if consumer.polls_in_place else []
+                    if records:
+                        await asyncio.sleep(0)  # (the tasks run, whatever keeps coming)
+                    else:
+                        records = await loop.run_in_executor(pool, consumer.poll, n, wait)
                     if batched and records:
                         tasks = [self._task(name, handle, records, stop, running)] * len(records)
                     else:
@@ -314,7 +320,10 @@ class Workers:
         if offsets:
             await self.state.flush()  # the changes of the steps done, before their offsets
             try:
-                await asyncio.get_running_loop().run_in_executor(pool, consumer.commit, offsets)
+                if consumer.polls_in_place:
+                    consumer.commit(offsets)
+                else:
+                    await asyncio.get_running_loop().run_in_executor(pool, consumer.commit, offsets)
             except HeadwaterError as e:  # the partitions moved to another member: it reads
                 log.warning("webhooks: a commit was refused (%s); the records are read again", e)
 

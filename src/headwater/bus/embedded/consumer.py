@@ -36,6 +36,8 @@ class ConsumedLog(Protocol):
 
 
 class EmbeddedConsumer(Consumer):
+    polls_in_place = True  # (reads the log's mapped segments; offsets commit in memory)
+
     def __init__(self, bus: ConsumedLog, group: str, topics: Sequence[str]) -> None:
         if not group:
             raise InvalidArgument("group name must not be empty")
