@@ -26,7 +26,10 @@ Figures:
    answered 202 once durable on the log); the time from the first POST to the last callback
    at the sender: messages/s, and the ratios to the reference and to the floor.
 3. The floor: the same load through a relay that keeps nothing (``--role relay``): three HTTP
-   exchanges per message (intake, delivery, callback) with no state and no log.
+   exchanges per message (intake, delivery, callback) with no state and no log. Each state
+   runs ``--rounds`` times, each run between two floor runs: its ratio is to the mean of those
+   two (this VM's speed drifts by up to a third within minutes), and the median round is the
+   state's figures.
 4. Unloaded latency, per state: 300 messages one at a time, 20 ms apart: intake (the POST
    sent) -> the receiver got it, p50/p99.
 5. Latency under a steady load, per state: 500 messages/s for 10 s, each POST sent on time
@@ -44,12 +47,15 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import functools
+import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -339,10 +345,13 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     with child("receiver", directory) as (_, port), start_redis() as redis:
         receiver = f"http://127.0.0.1:{port}"
 
+        loads = itertools.count()
+
         def loaded(url: str, what: str) -> dict[str, Any]:
             """A warm-up, then ``n`` messages end to end through ``url``; the receiver's
             counts reset before each."""
-            for count, tag in ((min(n, 2000), "warm"), (n, "run")):
+            runs = next(loads)  # (every run's message ids its own: headwater dedups them)
+            for count, tag in ((min(n, 2000), f"warm{runs}"), (n, f"run{runs}")):
                 urllib.request.urlopen(urllib.request.Request(f"{receiver}/reset", method="POST"))
                 progress(f"{what}: {count} messages end to end ({tag})")
                 figures = asyncio.run(end_to_end(url, receiver, count, args.concurrency, tag))
@@ -352,27 +361,64 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         asyncio.run(bare_client(receiver, min(n, 2000), args.concurrency))  # warm-up
         results["bare_client_per_s"] = asyncio.run(bare_client(receiver, n, args.concurrency))
         relay_args = ("--receiver", receiver, "--concurrency", str(args.concurrency))
-        with child("relay", directory, *relay_args) as (_, relay_port):
-            floor = loaded(f"http://127.0.0.1:{relay_port}", "floor (no state, no log)")
-            results["floor_per_s"] = floor["end_to_end_per_s"]
         states = {
             "embedded": {"backend": "embedded"},
             "redis": {"backend": "redis", "redis_url": redis.url},
         }
-        for name, state in states.items():
-            (directory / name).mkdir(exist_ok=True)
-            config = write_config(directory / name, receiver, state)
-            with child(f"headwater-{name}", directory / name, "--config", str(config)) as (_, hw):
-                figures = loaded(hw, f"{name} state")
-                progress(f"{name} state: unloaded latency, {LATENCY_MESSAGES} messages")
-                figures |= asyncio.run(latency(hw, receiver, "idle"))
-                progress(f"{name} state: latency at {PACED_RATE} messages/s for {PACED_S:.0f} s")
-                figures |= asyncio.run(paced_latency(hw, receiver, "paced", PACED_RATE, PACED_S))
-                per_s = figures["end_to_end_per_s"]
-                figures["ratio_to_bare"] = per_s / results["bare_client_per_s"]
-                figures["ratio_to_floor"] = per_s / results["floor_per_s"]
-                results[name] = figures
+        floors: list[float] = []
+        with child("relay", directory, *relay_args) as (_, relay_port):
+            relay = f"http://127.0.0.1:{relay_port}"
+
+            def floor() -> float:
+                per_s = loaded(relay, "floor (no state, no log)")["end_to_end_per_s"]
+                floors.append(per_s)
+                return float(per_s)
+
+            for name, state in states.items():
+                (directory / name).mkdir(exist_ok=True)
+                config = write_config(directory / name, receiver, state)
+                hw_args = ("--config", str(config))
+                with child(f"headwater-{name}", directory / name, *hw_args) as (_, hw):
+                    run_state = functools.partial(loaded, hw, f"{name} state")
+                    figures = rounds(args.rounds, floor, run_state)
+                    figures |= measure_latency(hw, receiver, name)
+                    figures["ratio_to_bare"] = (
+                        figures["end_to_end_per_s"] / results["bare_client_per_s"]
+                    )
+                    results[name] = figures
+        results["floor_per_s"] = statistics.median(floors)
+        results["floor_runs_per_s"] = floors
     return results
+
+
+def rounds(
+    n: int, floor: Callable[[], float], loaded: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """``n`` rounds of a floor run then a state's run, and a last floor run: each state run's
+    ratio to the mean of the floor runs on either side of it (this VM's speed drifts by up to
+    a third within minutes: a floor measured minutes away can move a ratio by 0.1). The state's
+    figures are those of its median round."""
+    before = floor()
+    runs = []
+    for _ in range(n):
+        figures = loaded()
+        after = floor()
+        figures["floor_per_s"] = (before + after) / 2
+        figures["ratio_to_floor"] = figures["end_to_end_per_s"] / figures["floor_per_s"]
+        runs.append(figures)
+        before = after
+    ratios = [f["ratio_to_floor"] for f in runs]  # (in the order they ran)
+    median = dict(sorted(runs, key=lambda f: f["ratio_to_floor"])[(len(runs) - 1) // 2])
+    median["ratios_to_floor"] = ratios
+    return median
+
+
+def measure_latency(hw: str, receiver: str, name: str) -> dict[str, Any]:
+    """Unloaded, then at ``PACED_RATE`` messages/s."""
+    progress(f"{name} state: unloaded latency, {LATENCY_MESSAGES} messages")
+    figures = asyncio.run(latency(hw, receiver, "idle"))
+    progress(f"{name} state: latency at {PACED_RATE} messages/s for {PACED_S:.0f} s")
+    return figures | asyncio.run(paced_latency(hw, receiver, "paced", PACED_RATE, PACED_S))
 
 
 def targets(results: dict[str, Any]) -> list[Target]:
@@ -420,8 +466,12 @@ def report(results: dict[str, Any]) -> None:
     print(f"{results['messages']} messages, {results['machine']['cpus']} cores")
     headers = ["run", "msgs/s end to end", "intake/s", "x bare", "x floor", "p50 ms", "p99 ms"]
     print(print_table(headers, rows))
+    floors = ", ".join(f"{f:,.0f}" for f in results["floor_runs_per_s"])
+    print(f"floor runs: {floors} msgs/s")
     for name in ("embedded", "redis"):
         r = results[name]
+        ratios = ", ".join(f"{x:.3f}" for x in r["ratios_to_floor"])
+        print(f"{name} state / its floor, each round in order: {ratios}")
         print(
             f"{name} state at {r['paced_rate_per_s']}/s: p50 {r['paced_p50_ms']:.1f} ms, "
             f"p99 {r['paced_p99_ms']:.1f} ms to the receiver ({r['paced_lost']} not arrived)"
@@ -440,6 +490,12 @@ def main() -> None:
     parser.add_argument("--config", type=Path)
     parser.add_argument("--messages", type=int, default=0)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="runs of each state, each between two floor runs (the median round is reported)",
+    )
     args = parser.parse_args()
     if args.role == "receiver":
         receiver_main(args.port_file)
