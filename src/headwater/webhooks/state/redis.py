@@ -66,7 +66,7 @@ RELIST_BATCH = 500  # messages indexed per script when the listing is first buil
 WALK = 10_000  # members a listing script walks at most (for a source's page: see the module)
 
 # The listing's sets (see the module's docstring; ``RedisState._listing`` names them too): the
-# sets a message of ``source``, ``receiver`` in ``status`` is in, and moving it between statuses'
+# sets a message of ``receiver`` in ``status`` is in, and moving it between statuses'
 # sets (``from`` nil: not listed yet; ``to`` nil: gone). Prepended to the scripts that use it.
 _LISTING = (
     "local STATUSES = {"
@@ -77,30 +77,27 @@ local SEP = string.char(0)
 local function score(at)  -- seconds (as text) -> whole microseconds (as text): see the module
   return string.format('%.0f', tonumber(at) * 1000000)
 end
-local function listing(prefix, source, receiver, status)
+local function listing(prefix, receiver, status)
   return {prefix .. 'l:' .. status, prefix .. 'lr:' .. receiver .. SEP .. status}
 end
-local function relist(prefix, source, receiver, from, to, member, at)
+local function relist(prefix, receiver, from, to, member, at)
   if from then
-    for _, key in ipairs(listing(prefix, source, receiver, from)) do
+    for _, key in ipairs(listing(prefix, receiver, from)) do
       redis.call('ZREM', key, member)
     end
   end
   if to then
     local scored = score(at)
-    for _, key in ipairs(listing(prefix, source, receiver, to)) do
+    for _, key in ipairs(listing(prefix, receiver, to)) do
       redis.call('ZADD', key, scored, member)
     end
   end
-end
-local function source_of(member)
-  return string.sub(member, 1, string.find(member, SEP, 1, true) - 1)
 end
 """
 )
 
 # KEYS: message hash, history, receivers with messages, attempts; ARGV: receiver, status,
-# payload, now, history entry, prefix, source, member of the listing. Returns 1 when recorded,
+# payload, now, history entry, prefix, member of the listing. Returns 1 when recorded,
 # else the message known (its hash, history and attempts).
 _ARRIVE = (
     _LISTING
@@ -112,7 +109,7 @@ end
 redis.call('HSET', KEYS[1], 'receiver', ARGV[1], 'status', ARGV[2], 'payload', ARGV[3],
            'created_at', ARGV[4], 'updated_at', ARGV[4], 'reason', '')
 redis.call('RPUSH', KEYS[2], ARGV[5])
-relist(ARGV[6], ARGV[7], ARGV[1], nil, ARGV[2], ARGV[8], ARGV[4])
+relist(ARGV[6], ARGV[1], nil, ARGV[2], ARGV[7], ARGV[4])
 redis.call('SADD', KEYS[3], ARGV[1])
 return 1
 """
@@ -120,7 +117,7 @@ return 1
 
 # KEYS: message hash, history, failed set, attempts, done set; ARGV: status, now, reason (kept when
 # FAILED), has response, response, member of the failed set (and the listing), an attempt ('' for
-# none), prefix, source, '1' to read the message back, the next send's claim ('' for none: see
+# none), prefix, '1' to read the message back, the next send's claim ('' for none: see
 # ``StateStore.move``), n history entries, the entries..., allowed
 # previous statuses... Returns the message as it is now (its hash, history and attempts), or
 # only 'ok' when not read back.
@@ -130,9 +127,9 @@ _ADVANCE = (
 local found = redis.call('HMGET', KEYS[1], 'status', 'receiver')
 local current = found[1]
 if not current then return {'missing'} end
-local n = tonumber(ARGV[12])
+local n = tonumber(ARGV[11])
 local allowed = false
-for i = 13 + n, #ARGV do if ARGV[i] == current then allowed = true end end
+for i = 12 + n, #ARGV do if ARGV[i] == current then allowed = true end end
 if not allowed then return {'refused', current} end
 -- as few calls as it takes (each costs Redis more than the change it makes)
 local fields = {'status', ARGV[1], 'updated_at', ARGV[2], 'reason', ARGV[3]}
@@ -140,15 +137,15 @@ if ARGV[4] == '1' then
   fields[#fields + 1] = 'response'
   fields[#fields + 1] = ARGV[5]
 end
-if ARGV[11] ~= '' then  -- claimed for the next send
+if ARGV[10] ~= '' then  -- claimed for the next send
   fields[#fields + 1] = 'sending_until'
-  fields[#fields + 1] = ARGV[11]
+  fields[#fields + 1] = ARGV[10]
 elseif ARGV[7] ~= '' then  -- an attempt recorded: its send is over
   redis.call('HDEL', KEYS[1], 'sending_until')
 end
 redis.call('HSET', KEYS[1], unpack(fields))
-if n > 0 then redis.call('RPUSH', KEYS[2], unpack(ARGV, 13, 12 + n)) end
-relist(ARGV[8], ARGV[9], found[2], current, ARGV[1], ARGV[6], ARGV[2])
+if n > 0 then redis.call('RPUSH', KEYS[2], unpack(ARGV, 12, 11 + n)) end
+relist(ARGV[8], found[2], current, ARGV[1], ARGV[6], ARGV[2])
 if ARGV[7] ~= '' then redis.call('RPUSH', KEYS[4], ARGV[7]) end
 if ARGV[1] == 'FAILED' then
   redis.call('ZADD', KEYS[3], score(ARGV[2]), ARGV[6])
@@ -156,7 +153,7 @@ elseif current == 'FAILED' then
   redis.call('ZREM', KEYS[3], ARGV[6])
 end
 if ARGV[1] == 'DONE' then redis.call('ZADD', KEYS[5], score(ARGV[2]), ARGV[6]) end
-if ARGV[10] ~= '1' then return {'ok'} end
+if ARGV[9] ~= '1' then return {'ok'} end
 return {'ok', redis.call('HGETALL', KEYS[1]), redis.call('LRANGE', KEYS[2], 0, -1),
         redis.call('LRANGE', KEYS[4], 0, -1)}
 """
@@ -242,7 +239,7 @@ local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LI
 for _, member in ipairs(members) do
   local message = ARGV[1] .. 'm:' .. member
   local found = redis.call('HMGET', message, 'receiver', 'status')
-  if found[1] then relist(ARGV[1], source_of(member), found[1], found[2], nil, member, 0) end
+  if found[1] then relist(ARGV[1], found[1], found[2], nil, member, 0) end
   redis.call('DEL', message, ARGV[1] .. 'h:' .. member, ARGV[1] .. 'a:' .. member)
   redis.call('ZREM', KEYS[1], member)
 end
@@ -353,11 +350,10 @@ for i = 2, #ARGV do
   local member = ARGV[i]
   local found = redis.call('HMGET', ARGV[1] .. 'm:' .. member, 'receiver', 'status', 'updated_at')
   if found[1] then
-    local source = source_of(member)
     for _, status in ipairs(STATUSES) do
-      if status ~= found[2] then relist(ARGV[1], source, found[1], status, nil, member, 0) end
+      if status ~= found[2] then relist(ARGV[1], found[1], status, nil, member, 0) end
     end
-    relist(ARGV[1], source, found[1], nil, found[2], member, found[3])
+    relist(ARGV[1], found[1], nil, found[2], member, found[3])
     redis.call('SADD', KEYS[1], found[1])
     if found[2] == 'FAILED' then redis.call('ZADD', KEYS[2], score(found[3]), member) end
     if found[2] == 'DONE' then redis.call('ZADD', KEYS[3], score(found[3]), member) end
@@ -487,7 +483,7 @@ class RedisState(StateStore):
         message, history, attempts = self._keys(source_id, message_id)
         entry = orjson.dumps([Status.ARRIVED.value, now, ""])
         args = [receiver, Status.ARRIVED.value, payload, repr(now), entry]
-        args += [self.prefix, source_id, f"{source_id}{SEP}{message_id}"]
+        args += [self.prefix, f"{source_id}{SEP}{message_id}"]
 
         def done(answer: Any) -> tuple[bool, MessageState]:
             if answer == 1:
@@ -527,7 +523,7 @@ class RedisState(StateStore):
         kept = reason if status is Status.FAILED else ""
         tried = orjson.dumps(attempt.__dict__) if attempt is not None else ""
         args: list[Any] = [status.value, repr(now), kept, "1" if response else "0"]
-        args += [response or b"", f"{source_id}{SEP}{message_id}", tried, self.prefix, source_id]
+        args += [response or b"", f"{source_id}{SEP}{message_id}", tried, self.prefix]
         claim = "" if claim_until is None else repr(claim_until)
         args += ["1" if read_back else "0", claim, len(entries), *entries]
         args += [s.value for s in allowed]
@@ -777,19 +773,13 @@ class RedisState(StateStore):
         if not self._redis.exists(marker):
             keys = [f"{self.prefix}lrs", f"{self.prefix}f", f"{self.prefix}d"]
             head = f"{self.prefix}m:".encode()
-            pattern = _glob(head)
-            batch: list[bytes] = []
-            for key in self._redis.scan_iter(match=pattern, count=1000):
-                batch.append(key[len(head) :])
-                if len(batch) >= RELIST_BATCH:
-                    self._relist(keys=keys, args=[self.prefix, *batch])
-                    batch = []
-            if batch:
+            found = self._redis.scan_iter(match=_glob(head), count=1000)
+            for batch in _chunks((key[len(head) :] for key in found), RELIST_BATCH):
                 self._relist(keys=keys, args=[self.prefix, *batch])
             for kind in (b"ls:", b"lsr:"):  # an older store's sets by source
                 sets = _glob(f"{self.prefix}".encode() + kind)
-                for found in _chunks(self._redis.scan_iter(match=sets, count=1000), 500):
-                    self._redis.delete(*found)
+                for batch in _chunks(self._redis.scan_iter(match=sets, count=1000), 500):
+                    self._redis.delete(*batch)
             self._redis.set(marker, 1)
         self._listed = True
 
