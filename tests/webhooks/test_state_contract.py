@@ -5,6 +5,7 @@ one store."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import random
@@ -75,6 +76,21 @@ def test_arrival_dedups_on_source_and_message_id(store: StateStore) -> None:
     assert other_source
     assert store.get("github", "nope") is None
     assert store.known("github", "m1") and not store.known("github", "nope")
+
+
+def test_the_intakes_lookup_on_a_loop_finds_only_recorded_messages(store: StateStore) -> None:
+    async def lookups() -> tuple[MessageState | None, MessageState | None]:
+        state = store.on_loop()
+        try:
+            return await state.lookup("github", "nope"), await state.lookup("github", "m1")
+        finally:
+            await state.close()
+
+    store.arrive("github", "m1", "ci", b'{"a": 1}', 100.0)
+    missing, found = asyncio.run(lookups())
+    assert missing is None
+    assert found is not None and found.key == ("github", "m1")
+    assert found.status is Status.ARRIVED and found.receiver == "ci" and found.reason == ""
 
 
 def test_the_status_machine_and_its_history(store: StateStore) -> None:

@@ -65,8 +65,15 @@ class Consumer(Closing):
     """Reads the partitions of some topics for one group, from its committed offsets."""
 
     # ``poll(n, 0)`` and ``commit`` answer at once (no network, no waiting on a lock held across
-    # I/O): an event loop may call them in place rather than on a thread of its own
+    # I/O): an event loop may call them in place rather than on a thread of its own, and wait
+    # for records with ``arrivals``
     polls_in_place: ClassVar[bool] = False
+
+    async def arrivals(self, timeout: float) -> None:
+        """On the running loop, wait until records may have arrived since the last ``poll``
+        found none, at most ``timeout`` seconds (then poll in place again). Only consumers that
+        ``polls_in_place`` have it."""
+        raise NotImplementedError(f"{type(self).__name__} does not wait on an event loop")
 
     @abstractmethod
     def poll(self, max_records: int = 500, timeout: float = 1.0) -> list[Record]:

@@ -270,11 +270,13 @@ class Workers:
                 else:
                     wait = BUSY_POLL_S if running else IDLE_POLL_S
                     n = min(POLL_RECORDS, limit - len(running))
-                    # what is there already, taken in place where the consumer can (a trip
-                    # through the thread is a handful of wake-ups); waited for on the thread
-                    records = consumer.poll(n, 0) if consumer.polls_in_place else []
-                    if records:
-                        await asyncio.sleep(0)  # (the tasks run, whatever keeps coming)
+                    if consumer.polls_in_place:  # on the loop: a trip through the thread
+                        records = consumer.poll(n, 0)  # is a handful of wake-ups
+                        if records:
+                            await asyncio.sleep(0)  # (the tasks run, whatever keeps coming)
+                        else:
+                            await consumer.arrivals(wait)
+                            records = consumer.poll(n, 0)
                     else:
                         records = await loop.run_in_executor(pool, consumer.poll, n, wait)
                     if batched and records:

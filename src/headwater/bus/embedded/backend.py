@@ -11,6 +11,8 @@ Layout::
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -74,6 +76,7 @@ class EmbeddedBus(Bus):
         self._closed = False
         self._arrivals = threading.Condition()
         self.arrival_generation = 0
+        self._watchers: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._lock: DirectoryLock | None = None
         if not read_only:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -298,6 +301,34 @@ class EmbeddedBus(Bus):
         with self._arrivals:
             self.arrival_generation += 1
             self._arrivals.notify_all()
+            watchers, self._watchers = self._watchers, []
+        if watchers:
+            by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+            for loop, future in watchers:
+                by_loop.setdefault(loop, []).append(future)
+            for loop, futures in by_loop.items():  # one wake-up a loop, for all its waiters
+                with contextlib.suppress(RuntimeError):  # (a closed loop: nothing waits)
+                    loop.call_soon_threadsafe(_wake, futures)
+
+    async def arrivals(self, since: int, timeout: float) -> None:
+        """``wait_for_arrivals`` on the running loop, with no thread: the writer wakes the
+        loop once records are visible."""
+        if self.read_only:
+            await asyncio.sleep(min(timeout, 0.05))
+            return
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._arrivals:
+            if self.arrival_generation != since or self._closed:
+                return
+            self._watchers.append((loop, future))
+        timer = loop.call_later(timeout, _wake, [future])
+        try:
+            await future
+        finally:
+            timer.cancel()
+            with self._arrivals, contextlib.suppress(ValueError):  # (not woken by records)
+                self._watchers.remove((loop, future))
 
     def wait_for_arrivals(self, since: int, timeout: float) -> None:
         """Block until records arrive after ``arrival_generation`` was ``since``, at most
@@ -443,6 +474,12 @@ class EmbeddedBus(Bus):
         self._check_open()
         if self.read_only:
             raise InvalidArgument(f"the log at {self.directory} is open read-only")
+
+
+def _wake(futures: list[asyncio.Future[None]]) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_result(None)
 
 
 def _single(future: Future[Sequence[Position]], p: int, n: int) -> Done:

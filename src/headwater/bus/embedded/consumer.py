@@ -34,6 +34,8 @@ class ConsumedLog(Protocol):
 
     def wait_for_arrivals(self, since: int, timeout: float) -> None: ...
 
+    async def arrivals(self, since: int, timeout: float) -> None: ...
+
 
 class EmbeddedConsumer(Consumer):
     polls_in_place = True  # (reads the log's mapped segments; offsets commit in memory)
@@ -53,18 +55,24 @@ class EmbeddedConsumer(Consumer):
         self._order = tps
         self._next = 0
         self._closed = False
+        self._generation = bus.arrival_generation  # as the last poll found the log
 
     def poll(self, max_records: int = 500, timeout: float = 1.0) -> list[Record]:
         if self._closed:
             raise BusClosed(f"the consumer of group {self._group!r} is closed")
         deadline = time.monotonic() + timeout
         while True:
-            generation = self._bus.arrival_generation
+            self._generation = generation = self._bus.arrival_generation
             out = self._read(max_records)
             left = deadline - time.monotonic()
             if out or left <= 0:
                 return out
             self._bus.wait_for_arrivals(generation, left)
+
+    async def arrivals(self, timeout: float) -> None:
+        if self._closed:
+            raise BusClosed(f"the consumer of group {self._group!r} is closed")
+        await self._bus.arrivals(self._generation, timeout)
 
     def _read(self, max_records: int) -> list[Record]:
         out: list[Record] = []

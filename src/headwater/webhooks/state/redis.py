@@ -468,6 +468,10 @@ class RedisState(StateStore):
         self.scripts = [self._arrive, self._get, self._advance, self._attempt, self._schedule]
         self.scripts += [self._take_due, self._release, self._begin_send, self._acquire]
 
+    def message_key(self, source_id: str, message_id: str) -> str:
+        """The key of the message's hash."""
+        return f"{self.prefix}m:{source_id}{SEP}{message_id}"
+
     def _keys(self, source_id: str, message_id: str) -> tuple[str, str, str]:
         name = f"{source_id}{SEP}{message_id}"
         return (f"{self.prefix}m:{name}", f"{self.prefix}h:{name}", f"{self.prefix}a:{name}")
@@ -831,7 +835,10 @@ class RedisLoopState(LoopState):
         return await self._do(self.store.get_step(source_id, message_id))
 
     async def lookup(self, source_id: str, message_id: str) -> MessageState | None:
-        return await self.get(source_id, message_id)  # as cheap as asking whether it exists
+        message = self.store.message_key(source_id, message_id)
+        if not await self._turns.command(b"EXISTS", message):  # (no script: mostly new ones)
+            return None
+        return await self.get(source_id, message_id)
 
     async def arrive_many(
         self, messages: list[tuple[str, str, str, bytes]], now: float

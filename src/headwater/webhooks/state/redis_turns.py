@@ -121,9 +121,16 @@ class TurnPipeline:
     def run(self, script: Any, keys: list[Any], args: list[Any]) -> asyncio.Future[Any]:
         """The answer of ``script`` (a redis-py ``Script``: its ``sha`` and its text) run on
         ``keys`` and ``args``, once Redis has given it."""
+        return self._queued(encode(b"EVALSHA", script.sha, len(keys), *keys, *args), script)
+
+    def command(self, *parts: bytes | str | int | float) -> asyncio.Future[Any]:
+        """The answer of a plain command (one read, where a script would cost Redis more than
+        the command it runs)."""
+        return self._queued(encode(*parts), None)
+
+    def _queued(self, command: bytes, script: Any) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Any] = loop.create_future()
-        command = encode(b"EVALSHA", script.sha, len(keys), *keys, *args)
         self._queue.append((command, answer, script))
         if not self._scheduled:
             self._scheduled = True
