@@ -116,3 +116,23 @@ def test_bad_messages_are_named_and_append_nothing(
     with pytest.raises(InvalidArgument, match=f"record 1 .*{problem}"):
         bus.append("t", [Message(b"fine"), message])
     assert bus.watermarks("t", 0) == (0, 0)
+
+
+def test_a_consumer_at_the_tail_reads_from_the_batch_it_asks_for(open_log: OpenLog) -> None:
+    """The start of a batch appended lately is known exactly (not only the sparse index's
+    position before it), so a consumer at the tail parses no batch it has read already; after a
+    truncation nothing remembered is used."""
+    bus = open_log(index_interval_bytes=1 << 20)  # (one index entry: the segment's start)
+    bus.create_topic("t", 1)
+    consumer = bus.consumer("g", ["t"])
+    for i in range(50):
+        bus.append("t", [Message(b"%d-%d" % (i, k)) for k in range(3)]).result()
+        assert [r.value for r in consumer.poll(10, 0)] == [b"%d-%d" % (i, k) for k in range(3)]
+    segment = bus._topics["t"][0].segments[-1]
+    assert segment.position_for(0) == 0
+    starts = [segment.position_for(3 * i) for i in range(50)]
+    assert starts == sorted(set(starts)) and starts[0] == 0  # each batch's own start
+    assert segment.position_for(4) == 0  # inside a batch: the index's position
+    segment.truncate(segment.size)
+    assert segment.position_for(3 * 49) == 0
+    assert [r.value for r in consumer.poll(10, 0)] == []

@@ -3,6 +3,11 @@
 The index maps a record offset to a byte position at most ``index_interval_bytes`` before the
 batch that holds it. It lives in memory and is written to ``<base>.index`` when the segment is
 closed (rolled) and on clean shutdown; a segment whose index file is missing is scanned.
+
+The batches this process appended last are known exactly (``RECENT_BATCHES`` of them): a
+consumer at the tail asks for the first offset of a batch, and reads from that batch, not from
+the index's position up to ``index_interval_bytes`` before it (parsing and checking every batch
+in between again, at every poll).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ INDEX_MAGIC = b"HWI2"
 # magic, next_offset, max_timestamp, records, entries, the segment's size it describes
 _INDEX_HEAD = struct.Struct("<4sqqqIq")
 SCAN_CHUNK = 1 << 20
+RECENT_BATCHES = 1024  # batch starts remembered (then forgotten at once, and remembered anew)
 DROP_STEP = 8 << 20  # drop synced data from the page cache in steps of at least this
 _DROP_ALIGN = 1 << 20
 
@@ -50,6 +56,7 @@ class Segment:
         self._index_positions = array("q")
         self._last_indexed = -(1 << 62)
         self._index_interval = 4096
+        self._recent: dict[int, int] = {}  # a recent batch's base offset -> its position
         self._readers = 0
         self._retired = False
         self._dropped = 0  # the page cache holds nothing of the file before this byte
@@ -174,6 +181,9 @@ class Segment:
             self._note_batch(base_offset, position + at)
 
     def _note_batch(self, base_offset: int, position: int) -> None:
+        if len(self._recent) >= RECENT_BATCHES:
+            self._recent = {}  # (a new dict: a reader may be looking in the old one)
+        self._recent[base_offset] = position
         if position - self._last_indexed >= self._index_interval or not self._index_offsets:
             self._index_positions.append(position)  # positions first: readers bisect offsets
             self._index_offsets.append(base_offset)
@@ -193,6 +203,7 @@ class Segment:
         self._dropped = upto
 
     def truncate(self, size: int) -> None:
+        self._recent = {}
         os.ftruncate(self.fd, size)
         os.fdatasync(self.fd)
         self.size = size
@@ -200,6 +211,9 @@ class Segment:
     # -- reading ----------------------------------------------------------------------------
     def position_for(self, offset: int) -> int:
         """A byte position at or before the batch holding ``offset``."""
+        found = self._recent.get(offset)
+        if found is not None:  # the start of a batch appended lately
+            return found
         i = bisect_right(self._index_offsets, offset) - 1
         return self._index_positions[i] if i >= 0 else 0
 
