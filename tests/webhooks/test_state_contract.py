@@ -93,6 +93,29 @@ def test_the_intakes_lookup_on_a_loop_finds_only_recorded_messages(store: StateS
     assert found.status is Status.ARRIVED and found.receiver == "ci" and found.reason == ""
 
 
+def test_a_batch_of_arrivals_is_recorded_as_one_at_a_time_would_be(store: StateStore) -> None:
+    """In order, each answered for; a message twice in the batch (two collectors took it) is
+    recorded once; batches larger than a script's (Redis: ARRIVE_BATCH messages, or payloads
+    past ARRIVE_BATCH_BYTES) are all recorded."""
+    store.arrive("s", "old", "ci", b'{"kept": 1}', 1.0)
+    big = b'"' + b"x" * (700 << 10) + b'"'
+    batch = [("s", f"m{i}", "ci" if i % 3 else "cd", b"{}") for i in range(250)]
+    batch[10:10] = [("s", "old", "cd", b"{}"), ("s", "m5", "other", b"{}")]
+    batch += [("s", "big1", "ci", big), ("s", "big2", "ci", big), ("s", "big1", "ci", b"{}")]
+    answers = store.arrive_many(batch, 2.0)
+    assert [(m.source_id, m.message_id) for _, m in answers] == [m[:2] for m in batch]
+    created = [c for c, _ in answers]
+    assert created.count(True) == 252  # 250, big1, big2
+    old = answers[10][1]
+    assert not created[10] and old.payload == b'{"kept": 1}' and old.created_at == 1.0
+    again = answers[11][1]  # m5 recorded earlier in the batch: as recorded
+    assert not created[11] and again.receiver == "ci" and again.status is Status.ARRIVED
+    assert not created[-1] and answers[-1][1].payload == big
+    assert store.get("s", "m249") is not None and store.get("s", "big2") is not None
+    counts = store.counts()
+    assert counts["ci"]["ARRIVED"] == 166 + 1 + 2 and counts["cd"]["ARRIVED"] == 84
+
+
 def test_the_status_machine_and_its_history(store: StateStore) -> None:
     store.arrive("s", "m", "r", b"{}", 1.0)
     store.advance("s", "m", Status.DELIVERED_TO_RECEIVER, 2.0)

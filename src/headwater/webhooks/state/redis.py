@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -64,6 +64,7 @@ from headwater.webhooks.state.redis_turns import TurnPipeline
 SEP = "\0"
 RELIST_BATCH = 500  # messages indexed per script when the listing is first built
 WALK = 10_000  # members a listing script walks at most (for a source's page: see the module)
+ARRIVE_BATCH, ARRIVE_BATCH_BYTES = 100, 1 << 20  # messages recorded by one script at most
 
 # The listing's sets (see the module's docstring; ``RedisState._listing`` names them too): the
 # sets a message of ``receiver`` in ``status`` is in, and moving it between statuses'
@@ -96,22 +97,34 @@ end
 """
 )
 
-# KEYS: message hash, history, receivers with messages, attempts; ARGV: receiver, status,
-# payload, now, history entry, prefix, member of the listing. Returns 1 when recorded,
-# else the message known (its hash, history and attempts).
+# KEYS: receivers with messages; ARGV: prefix, status, now, history entry, then three a message:
+# receiver, member of the listing (its keys' name), payload. Returns, a message each, 1 when
+# recorded, else the message known (its hash, history and attempts): a message twice in the
+# batch is recorded once, as it would be by two scripts one after the other.
 _ARRIVE = (
     _LISTING
     + """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {redis.call('HGETALL', KEYS[1]), redis.call('LRANGE', KEYS[2], 0, -1),
-          redis.call('LRANGE', KEYS[4], 0, -1)}
+local prefix, status, now, entry = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local out, told = {}, {}
+for i = 5, #ARGV, 3 do
+  local receiver, member = ARGV[i], ARGV[i + 1]
+  local message, history = prefix .. 'm:' .. member, prefix .. 'h:' .. member
+  if redis.call('EXISTS', message) == 1 then
+    out[#out + 1] = {redis.call('HGETALL', message), redis.call('LRANGE', history, 0, -1),
+                     redis.call('LRANGE', prefix .. 'a:' .. member, 0, -1)}
+  else
+    redis.call('HSET', message, 'receiver', receiver, 'status', status, 'payload', ARGV[i + 2],
+               'created_at', now, 'updated_at', now, 'reason', '')
+    redis.call('RPUSH', history, entry)
+    relist(prefix, receiver, nil, status, member, now)
+    if not told[receiver] then
+      redis.call('SADD', KEYS[1], receiver)
+      told[receiver] = true
+    end
+    out[#out + 1] = 1
+  end
 end
-redis.call('HSET', KEYS[1], 'receiver', ARGV[1], 'status', ARGV[2], 'payload', ARGV[3],
-           'created_at', ARGV[4], 'updated_at', ARGV[4], 'reason', '')
-redis.call('RPUSH', KEYS[2], ARGV[5])
-relist(ARGV[6], ARGV[1], nil, ARGV[2], ARGV[7], ARGV[4])
-redis.call('SADD', KEYS[3], ARGV[1])
-return 1
+return out
 """
 )
 
@@ -418,6 +431,21 @@ def _glob(head: bytes) -> bytes:
     return re.sub(rb"([*?\[\]\\])", rb"\\\1", head) + b"*"
 
 
+def _batches(
+    messages: Sequence[tuple[str, str, str, bytes]],
+) -> Iterator[Sequence[tuple[str, str, str, bytes]]]:
+    """``messages`` in runs of at most ``ARRIVE_BATCH`` of them and (but for one larger
+    message) ``ARRIVE_BATCH_BYTES`` of payloads."""
+    start, size = 0, 0
+    for i, message in enumerate(messages):
+        if i > start and (i - start >= ARRIVE_BATCH or size + len(message[3]) > ARRIVE_BATCH_BYTES):
+            yield messages[start:i]
+            start, size = i, 0
+        size += len(message[3])
+    if start < len(messages):
+        yield messages[start:]
+
+
 def _chunks(items: Iterable[T], n: int) -> Iterator[list[T]]:
     chunk: list[T] = []
     for item in items:
@@ -481,23 +509,39 @@ class RedisState(StateStore):
         return done(script(keys=keys, args=args))
 
     # -- the steps: each one script ------------------------------------------------------------
-    def arrive_step(
-        self, source_id: str, message_id: str, receiver: str, payload: bytes, now: float
-    ) -> Step[tuple[bool, MessageState]]:
-        message, history, attempts = self._keys(source_id, message_id)
+    def arrive_steps(
+        self, messages: Sequence[tuple[str, str, str, bytes]], now: float
+    ) -> list[Step[list[tuple[bool, MessageState]]]]:
+        """The arrival of ``messages`` (source, id, receiver, payload): a script a batch of at
+        most ``ARRIVE_BATCH`` messages or ``ARRIVE_BATCH_BYTES`` of payloads (Redis runs
+        nothing else during a script), each answering for its messages in order."""
         entry = orjson.dumps([Status.ARRIVED.value, now, ""])
-        args = [receiver, Status.ARRIVED.value, payload, repr(now), entry]
-        args += [self.prefix, f"{source_id}{SEP}{message_id}"]
+        head = [self.prefix, Status.ARRIVED.value, repr(now), entry]
+        keys = [f"{self.prefix}lrs"]
+        steps: list[Step[list[tuple[bool, MessageState]]]] = []
+        for batch in _batches(messages):
 
-        def done(answer: Any) -> tuple[bool, MessageState]:
-            if answer == 1:
-                return True, MessageState.arrived(source_id, message_id, receiver, payload, now)
-            known = _message(source_id, message_id, answer)
-            assert known is not None
-            return False, known
+            def done(
+                answers: Any, batch: Sequence[tuple[str, str, str, bytes]] = batch
+            ) -> list[tuple[bool, MessageState]]:
+                out = []
+                for (source_id, message_id, receiver, payload), answer in zip(
+                    batch, answers, strict=True
+                ):
+                    if answer == 1:
+                        state = MessageState.arrived(source_id, message_id, receiver, payload, now)
+                        out.append((True, state))
+                    else:
+                        known = _message(source_id, message_id, answer)
+                        assert known is not None
+                        out.append((False, known))
+                return out
 
-        keys = [message, history, f"{self.prefix}lrs", attempts]
-        return (self._arrive, keys, args), done
+            args: list[Any] = list(head)
+            for source_id, message_id, receiver, payload in batch:
+                args += (receiver, f"{source_id}{SEP}{message_id}", payload)
+            steps.append(((self._arrive, keys, args), done))
+        return steps
 
     def get_step(self, source_id: str, message_id: str) -> Step[MessageState | None]:
         def done(answer: Any) -> MessageState | None:
@@ -590,18 +634,18 @@ class RedisState(StateStore):
     def arrive(
         self, source_id: str, message_id: str, receiver: str, payload: bytes, now: float
     ) -> tuple[bool, MessageState]:
-        return self._do(self.arrive_step(source_id, message_id, receiver, payload, now))
+        return self.arrive_many([(source_id, message_id, receiver, payload)], now)[0]
 
     def arrive_many(
         self, messages: list[tuple[str, str, str, bytes]], now: float
     ) -> list[tuple[bool, MessageState]]:
-        """Each message its own script, all of them in one round trip."""
-        steps = [self.arrive_step(*m, now) for m in messages]
+        """A script a batch (see ``arrive_steps``), all of them in one round trip."""
+        steps = self.arrive_steps(messages, now)
         pipe = self._redis.pipeline(transaction=False)
         for (script, keys, args), _ in steps:
             script(keys=keys, args=args, client=pipe)
         answers = pipe.execute()
-        return [done(answer) for (_, done), answer in zip(steps, answers, strict=True)]
+        return [row for (_, done), a in zip(steps, answers, strict=True) for row in done(a)]
 
     def known(self, source_id: str, message_id: str) -> bool:
         return bool(self._redis.exists(self._keys(source_id, message_id)[0]))
@@ -843,8 +887,8 @@ class RedisLoopState(LoopState):
     async def arrive_many(
         self, messages: list[tuple[str, str, str, bytes]], now: float
     ) -> list[tuple[bool, MessageState]]:
-        steps = [self._do(self.store.arrive_step(*m, now)) for m in messages]
-        return list(await asyncio.gather(*steps))
+        steps = [self._do(step) for step in self.store.arrive_steps(messages, now)]
+        return [row for rows in await asyncio.gather(*steps) for row in rows]
 
     async def move(
         self,
