@@ -131,6 +131,44 @@ def test_a_message_sent_three_times_is_delivered_once(tmp_path: Path) -> None:
         assert json.loads(receiver.posts("dup")[0].body) == {"a": 1}
 
 
+def test_a_slow_receiver_holds_only_its_own_messages(tmp_path: Path) -> None:
+    """FromSender runs a receiver's step in place, up to ``concurrency`` of them a receiver
+    (the rest go through its topic); the steps it waits for do not hold its consumer, so
+    another receiver's messages are delivered while a slow one's are still on their way."""
+    slow_reply = Reply(200, b'{"slow": 1}', delay_s=4.0)
+    with (
+        running_receiver(SECRET, lambda n, r: slow_reply) as slow,
+        running_receiver(SECRET, lambda n, r: Reply(200, b'{"fast": 1}')) as fast,
+    ):
+        receivers = [
+            {"name": name, "url": r.url, "secret": SECRET, "timeout_s": 10}
+            for name, r in (("slow", slow), ("ci", fast))
+        ]
+        config = HeadwaterConfig.model_validate(
+            {
+                "data_dir": str(tmp_path / "data"),
+                "webhooks": {
+                    "receivers": receivers,
+                    "sources": [{"id": "github", "write_keys": [hash_key(KEY)]}],
+                    "concurrency": 4,
+                },
+            }
+        )
+        slow_ids = [f"s{i}" for i in range(4)]  # as many as a receiver's steps in place
+        fast_ids = [f"f{i}" for i in range(16)]
+        with running_headwater(config) as hw:
+            for m in slow_ids:
+                assert send(hw.url, m, {"m": m}, receiver="slow")[0] == 202
+            for m in fast_ids:
+                assert send(hw.url, m, {"m": m})[0] == 202
+            wait_until(lambda: all_are(config, fast_ids, Status.DONE), "the fast ones DONE")
+            # (each slow one takes 4 s: the consumer that took them on went on meanwhile)
+            assert all(s is not Status.DONE for s in statuses(config, slow_ids).values())
+            wait_until(lambda: all_are(config, slow_ids, Status.DONE), "the slow ones DONE", 60)
+        assert sorted(p.message_id for p in slow.posts()) == sorted(slow_ids)  # once each
+        assert sorted(p.message_id for p in fast.posts()) == sorted(fast_ids)
+
+
 def test_bad_input_is_refused_precisely_and_stores_nothing(tmp_path: Path) -> None:
     with running_receiver(SECRET) as receiver:
         config = make_config(tmp_path, receiver)

@@ -118,7 +118,8 @@ async def from_sender(
     """Dedup, record, route: what to append where (nothing for a message already known: the
     sender sent it again, or this step ran before a crash and its record was read again; it is
     routed again only while it is still ARRIVED, since the routing may not have been appended)."""
-    return await from_senders(state, config, [message], now)
+    routed = await from_senders(state, config, [message], now)
+    return [(topic, out.to_message()) for topic, out in routed]
 
 
 async def from_senders(
@@ -127,14 +128,15 @@ async def from_senders(
     messages: list[WebhookMessage],
     now: float,
     recorded: list[MessageState] | None = None,
-) -> list[tuple[str, Message]]:
-    """``from_sender`` for a batch of messages, recorded in one step of the state; the
-    messages it recorded, as recorded, appended to ``recorded``."""
+) -> list[tuple[str, WebhookMessage]]:
+    """``from_sender`` for a batch of messages, recorded in one step of the state, each routed
+    message with its topic (not encoded yet: the workers take some on in place); the messages
+    it recorded, as recorded, appended to ``recorded``."""
     arrived = await state.arrive_many(
         [(m.source_id, m.message_id, m.receiver, m.payload) for m in messages], now
     )
     topics = Topics(config.topic_prefix)
-    out: list[tuple[str, Message]] = []
+    out: list[tuple[str, WebhookMessage]] = []
     for created, known in arrived:
         if not created and known.status is not Status.ARRIVED:
             continue
@@ -144,9 +146,9 @@ async def from_senders(
             reason = f"no receiver named {message.receiver!r} is configured"
             await state.move(known, Status.FAILED, now, reason=reason)
             failed = WebhookMessage(*known.key, message.receiver, message.payload, reason)
-            out.append((topics.failed_messages, failed.to_message()))
+            out.append((topics.failed_messages, failed))
         else:
-            out.append((topics.to_receiver(message.receiver), message.to_message()))
+            out.append((topics.to_receiver(message.receiver), message))
             if created and recorded is not None:
                 recorded.append(known)
     return out

@@ -1,7 +1,9 @@
 """The webhook workers of seed 004 over headwater's bus, in one process: a consumer per topic
 (per receiver for ``to_receiver``) and the loop of the state's schedules.
 
-- FromSender reads ``webhooks.from_sender``: dedup, record, route to ``to_receiver.<r>``.
+- FromSender reads ``webhooks.from_sender``: dedup, record, route to ``to_receiver.<r>``; or,
+  for a receiver that is neither ordered nor disabled, with fewer than ``concurrency`` messages
+  taken on this way in flight, run its ToReceiver step in place (see ``_from_sender``).
 - ToReceiver reads ``webhooks.to_receiver.<r>`` (one consumer per receiver, so a disabled or
   ordered receiver holds only its own messages): rate limit, send, and hand the message on to
   ``to_sender`` (a result), ``pending_from_receiver.<r>`` (a result to come) or
@@ -66,6 +68,9 @@ class Workers:
         self.state = LoopState(store)  # the backend's own, made on the loop by ``run``
         self._stop = asyncio.Event()
         self._grace_s = 10.0
+        self._in_place: dict[str, int] = {}  # ToReceiver steps FromSender runs, by receiver
+        # a running step's consumer's (running, settling) sets: see ``_release``
+        self._slots: dict[asyncio.Task[None], tuple[set[asyncio.Task[None]], ...]] = {}
 
     def topics(self) -> dict[str, int | None]:
         """Every topic the workers read or write, with its partition count (None: the bus's
@@ -172,7 +177,12 @@ class Workers:
     # -- the steps, one record each -----------------------------------------------------------
     async def _from_sender(self, records: list[Record]) -> None:
         """A whole poll's records at once: recorded in one step of the state, routed in one
-        append per topic."""
+        append per topic; or, for a receiver that is neither ordered nor disabled, its
+        ToReceiver step run here (``_take_on``), without the trip through ``to_receiver.<r>``
+        (an append, an fdatasync, a read). The records are committed once those steps are done
+        too, so a worker that dies runs them again from ``from_sender``; the steps no longer
+        count toward this consumer's limit (``concurrency`` a receiver bounds them), so a slow
+        receiver holds only its own messages."""
         messages = []
         for record in records:
             try:
@@ -183,13 +193,52 @@ class Workers:
                 )
         recorded: list[MessageState] = []
         routed = await from_senders(self.state, self.config, messages, time.time(), recorded)
-        batches: dict[str, list[Message]] = {}
-        for topic, out in routed:
-            batches.setdefault(topic, []).append(out)
         assert self.ctx is not None
         self.ctx.remember(recorded)  # (before their records can be read)
+        batches: dict[str, list[Message]] = {}
+        here: list[WebhookMessage] = []
+        for topic, out in routed:
+            if self._takes_on(topic, out):
+                here.append(out)
+            else:
+                batches.setdefault(topic, []).append(out.to_message())
         if batches:
             await self._emit(batches)
+        if here:
+            self._release()
+            done = await asyncio.gather(*(self._take_on(m) for m in here), return_exceptions=True)
+            for error in done:
+                if isinstance(error, BaseException):
+                    raise error
+
+    def _takes_on(self, topic: str, message: WebhookMessage) -> bool:
+        """Whether FromSender runs this message's ToReceiver step itself (counted when so)."""
+        name = message.receiver
+        receiver = self.config.receiver(name)
+        assert self.ctx is not None
+        if receiver is None or receiver.ordered or topic != self.names.to_receiver(name):
+            return False
+        taken = self._in_place.get(name, 0)
+        if taken >= self.config.concurrency or self.ctx.disabled(name):
+            return False
+        self._in_place[name] = taken + 1
+        return True
+
+    async def _take_on(self, message: WebhookMessage) -> None:
+        """The ToReceiver step of a message FromSender took on; one that fails (the state or
+        the receiver's connection gone) is handed to ``to_receiver.<r>`` after all, whose
+        consumer retries it."""
+        ctx = self.ctx
+        assert ctx is not None
+        try:
+            await ctx.to_receiver(message.source_id, message.message_id, from_topic=True)
+        except TerminalError as e:
+            log.error("webhooks from_sender: skipping %s/%s: %s", *_key(message), e)
+        except Exception as e:
+            log.warning("webhooks: %s/%s goes through its topic: %r", *_key(message), e)
+            await self._emit({self.names.to_receiver(message.receiver): [message.to_message()]})
+        finally:
+            self._in_place[message.receiver] -= 1
 
     def _receiving(self, receiver: ReceiverConfig) -> Handle:
         async def handle(record: Record) -> None:
@@ -263,6 +312,7 @@ class Workers:
         )
         window: dict[TopicPartition, deque[tuple[int, asyncio.Task[None]]]] = {}
         running: set[asyncio.Task[None]] = set()
+        settling: set[asyncio.Task[None]] = set()  # released from the limit (``_release``)
         try:
             while not stop.is_set():
                 if len(running) >= limit:
@@ -280,18 +330,21 @@ class Workers:
                     else:
                         records = await loop.run_in_executor(pool, consumer.poll, n, wait)
                     if batched and records:
-                        tasks = [self._task(name, handle, records, stop, running)] * len(records)
+                        task = self._task(name, handle, records, stop, running, settling)
+                        tasks = [task] * len(records)
                     else:
-                        tasks = [self._task(name, handle, r, stop, running) for r in records]
+                        tasks = [
+                            self._task(name, handle, r, stop, running, settling) for r in records
+                        ]
                     for r, task in zip(records, tasks, strict=True):
                         tp = TopicPartition(r.topic, r.partition)
                         window.setdefault(tp, deque()).append((r.offset, task))
                 await self._commit(pool, consumer, window)
-            if running:  # finish what is in flight, within the grace the process has
-                await asyncio.wait(running, timeout=self._grace_s)
+            if running or settling:  # finish what is in flight, within the process's grace
+                await asyncio.wait(running | settling, timeout=self._grace_s)
             await self._commit(pool, consumer, window)
         finally:
-            for t in running:
+            for t in running | settling:
                 t.cancel()
             await loop.run_in_executor(pool, consumer.close)
             pool.shutdown(wait=False)
@@ -303,11 +356,27 @@ class Workers:
         what: Record | list[Record],
         stop: asyncio.Event,
         running: set[asyncio.Task[None]],
+        settling: set[asyncio.Task[None]],
     ) -> asyncio.Task[None]:
         task = asyncio.create_task(self._guarded(name, handle, what, stop))
         running.add(task)
-        task.add_done_callback(running.discard)
+        self._slots[task] = (running, settling)
+        task.add_done_callback(self._done)
         return task
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        running, settling = self._slots.pop(task)
+        running.discard(task)
+        settling.discard(task)
+
+    def _release(self) -> None:
+        """The running step no longer counts toward its consumer's limit (what it still waits
+        for is bounded otherwise); its records are committed once it is done, as before."""
+        task: asyncio.Task[None] | None = asyncio.current_task()  # type: ignore[assignment]
+        slots = self._slots.get(task) if task is not None else None
+        if task is not None and slots is not None and task in slots[0]:
+            slots[0].discard(task)
+            slots[1].add(task)
 
     async def _commit(
         self,
