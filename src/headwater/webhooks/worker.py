@@ -2,8 +2,9 @@
 (per receiver for ``to_receiver``) and the loop of the state's schedules.
 
 - FromSender reads ``webhooks.from_sender``: dedup, record, route to ``to_receiver.<r>``; or,
-  for a receiver that is neither ordered nor disabled, with fewer than ``concurrency`` messages
-  taken on this way in flight, run its ToReceiver step in place (see ``_from_sender``).
+  for a receiver that is neither ordered nor disabled, run its ToReceiver step in place, up to
+  ``concurrency`` of them a receiver (see ``_from_sender``); a slow receiver's next messages go
+  through its topic.
 - ToReceiver reads ``webhooks.to_receiver.<r>`` (one consumer per receiver, so a disabled or
   ordered receiver holds only its own messages): rate limit, send, and hand the message on to
   ``to_sender`` (a result), ``pending_from_receiver.<r>`` (a result to come) or
@@ -50,6 +51,10 @@ POLL_RECORDS = 500
 IDLE_POLL_S = 0.2  # a consumer's wait for records when it has nothing in flight
 BUSY_POLL_S = 0.005
 HOLD_CHECK_S = 0.25  # how often a held receiver (disabled, or ordered behind a retry) looks again
+# a receiver with ``concurrency`` steps in place none of which has ended for this long is slow:
+# its next messages go through its topic; until then FromSender waits for them (see
+# ``_room_in_place``)
+STUCK_S = 1.0
 MAX_BACKOFF_S = 30.0
 
 Handle = Callable[[Record], Awaitable[None]]
@@ -69,6 +74,8 @@ class Workers:
         self._stop = asyncio.Event()
         self._grace_s = 10.0
         self._in_place: dict[str, int] = {}  # ToReceiver steps FromSender runs, by receiver
+        self._progress: dict[str, float] = {}  # when one of them last ended (or the first began)
+        self._freed = asyncio.Event()  # one of them ended
         # a running step's consumer's (running, settling) sets: see ``_release``
         self._slots: dict[asyncio.Task[None], tuple[set[asyncio.Task[None]], ...]] = {}
 
@@ -113,7 +120,12 @@ class Workers:
             t = self.names
             loops = [
                 self._consume(
-                    stop, "from_sender", [t.from_sender], self._from_sender, batched=True
+                    stop,
+                    "from_sender",
+                    [t.from_sender],
+                    self._from_sender,
+                    batched=True,
+                    ready=self._room_in_place,
                 ),
                 self._consume(stop, "pending", self._pending_topics(), self._schedule_poll),
                 self._consume(stop, "to_sender", [t.to_sender], self._to_sender),
@@ -180,9 +192,11 @@ class Workers:
         append per topic; or, for a receiver that is neither ordered nor disabled, its
         ToReceiver step run here (``_take_on``), without the trip through ``to_receiver.<r>``
         (an append, an fdatasync, a read). The records are committed once those steps are done
-        too, so a worker that dies runs them again from ``from_sender``; the steps no longer
-        count toward this consumer's limit (``concurrency`` a receiver bounds them), so a slow
-        receiver holds only its own messages."""
+        too, so a worker that dies runs them again from ``from_sender``. The steps do not count
+        toward this consumer's limit: ``concurrency`` a receiver bounds them, the consumer
+        waiting for a receiver at that bound while it ends them (``_room_in_place``); a slow
+        receiver's messages go through its topic, so it holds the others' for ``STUCK_S`` at
+        most."""
         messages = []
         for record in records:
             try:
@@ -219,10 +233,28 @@ class Workers:
         if receiver is None or receiver.ordered or topic != self.names.to_receiver(name):
             return False
         taken = self._in_place.get(name, 0)
-        if taken >= self.config.concurrency or self.ctx.disabled(name):
+        if (taken >= self.config.concurrency and self._stuck(name)) or self.ctx.disabled(name):
             return False
+        if not taken:
+            self._progress[name] = time.monotonic()
         self._in_place[name] = taken + 1
         return True
+
+    def _stuck(self, receiver: str) -> bool:
+        return time.monotonic() - self._progress.get(receiver, 0.0) > STUCK_S
+
+    async def _room_in_place(self) -> None:
+        """Before FromSender polls: wait while a receiver has ``concurrency`` steps in place
+        (or more: a poll's worth may overshoot) and is ending them. A backlog is then taken on
+        in place as steps end, not spilled through the topics, which cost more; a receiver
+        that ends none for ``STUCK_S`` is slow, and no longer waited for."""
+        limit = self.config.concurrency
+        while not self._stop.is_set() and any(
+            n >= limit and not self._stuck(r) for r, n in self._in_place.items()
+        ):
+            self._freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._freed.wait(), STUCK_S / 4)
 
     async def _take_on(self, message: WebhookMessage) -> None:
         """The ToReceiver step of a message FromSender took on; one that fails (the state or
@@ -239,6 +271,8 @@ class Workers:
             await self._emit({self.names.to_receiver(message.receiver): [message.to_message()]})
         finally:
             self._in_place[message.receiver] -= 1
+            self._progress[message.receiver] = time.monotonic()
+            self._freed.set()
 
     def _receiving(self, receiver: ReceiverConfig) -> Handle:
         async def handle(record: Record) -> None:
@@ -297,11 +331,12 @@ class Workers:
         concurrency: int | None = None,
         *,
         batched: bool = False,
+        ready: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Read ``topics`` for the worker's group (``headwater-webhooks.<name>``), run
         ``handle`` on up to ``concurrency`` records at once, and commit, per partition, the
         offsets whose records (and every one before them) are done. ``batched``: ``handle``
-        takes each poll's records together, as one task."""
+        takes each poll's records together, as one task. ``ready``: awaited before each poll."""
         if not topics:
             return
         limit = concurrency or self.config.concurrency
@@ -318,6 +353,8 @@ class Workers:
                 if len(running) >= limit:
                     await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 else:
+                    if ready is not None:
+                        await ready()
                     wait = BUSY_POLL_S if running else IDLE_POLL_S
                     n = min(POLL_RECORDS, limit - len(running))
                     if consumer.polls_in_place:  # on the loop: a trip through the thread
