@@ -45,7 +45,7 @@ def test_recorded_once_routed_while_still_arrived(tmp_path: Path) -> None:
     (routed,) = _route(store, CONFIG, message, 1.0)
     assert routed[0] == "webhooks.to_receiver.ci"
     assert WebhookMessage.from_record(routed[1].value, routed[1].headers) == message
-    assert routed[1].key == b"github"  # partitioned by source
+    assert routed[1].key == b"github\0ci"  # partitioned by source and receiver
     # read again before its routing was committed: routed again, as first recorded (the
     # receiver's step delivers only an ARRIVED message)
     repeat = WebhookMessage("github", "m1", "ci", b'{"ref": "other"}')

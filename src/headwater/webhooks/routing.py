@@ -1,13 +1,14 @@
 """The webhook topics on headwater's bus (seed 004) and the FromSender step: a message from
 ``from_sender`` is deduplicated and recorded in the state, then routed to its receiver's topic.
 
-Topics: ``webhooks.from_sender`` (keyed by source id: a source's messages stay in order),
+Topics: ``webhooks.from_sender`` (keyed by source and receiver: a source's messages to a
+receiver stay in order, and the receivers of a source spread over the partitions),
 ``webhooks.to_receiver.<receiver>`` and ``webhooks.pending_from_receiver.<receiver>`` (one
 partition each: per-receiver order and limits), ``webhooks.to_sender``, and
 ``webhooks.failed_messages``. A record's value is the sender's payload as it came (on
 ``to_sender``: the receiver's response); the source, the message id, the receiver and, on
 ``failed_messages``, the reason travel in headers (:class:`WebhookMessage`); its key is the
-source id.
+source id and the receiver's name.
 """
 
 from __future__ import annotations
@@ -82,9 +83,11 @@ class WebhookMessage:
 
     @property
     def key(self) -> bytes:
-        """The source id: ``from_sender`` is partitioned by source, so a source's messages
-        keep their order (the other topics have one partition, or order by receiver)."""
-        return self.source_id.encode()
+        """The source id and the receiver (NUL between): ``from_sender`` is partitioned by
+        them, so a source's messages to a receiver keep their order (the other topics have one
+        partition, or order by receiver), and the FromSender steps, which take a receiver's
+        steps on in place, spread a source's receivers over the worker processes."""
+        return f"{self.source_id}\0{self.receiver}".encode()
 
     def to_message(self) -> Message:
         """The record: the payload as the value, untouched; the rest in headers."""
