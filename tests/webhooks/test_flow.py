@@ -169,6 +169,44 @@ def test_a_slow_receiver_holds_only_its_own_messages(tmp_path: Path) -> None:
         assert sorted(p.message_id for p in fast.posts()) == sorted(fast_ids)
 
 
+def test_a_slow_receiver_that_keeps_answering_does_not_hold_the_others(tmp_path: Path) -> None:
+    """A receiver whose steps take longer than ``SLOW_S`` is slow even while it ends them: its
+    messages past the bound go through its topic rather than holding FromSender, so the other
+    receivers' messages are not paced by its answers."""
+    slow_reply = Reply(200, b'{"slow": 1}', delay_s=0.5)
+    with (
+        running_receiver(SECRET, lambda n, r: slow_reply) as slow,
+        running_receiver(SECRET, lambda n, r: Reply(200, b'{"fast": 1}')) as fast,
+    ):
+        receivers = [
+            {"name": name, "url": r.url, "secret": SECRET, "timeout_s": 10}
+            for name, r in (("slow", slow), ("ci", fast))
+        ]
+        config = HeadwaterConfig.model_validate(
+            {
+                "data_dir": str(tmp_path / "data"),
+                "webhooks": {
+                    "receivers": receivers,
+                    "sources": [{"id": "github", "write_keys": [hash_key(KEY)]}],
+                    "concurrency": 4,
+                },
+            }
+        )
+        slow_ids = [f"s{i}" for i in range(48)]  # 6 s of answers, 4 at a time
+        fast_ids = [f"f{i}" for i in range(16)]
+        with running_headwater(config) as hw:
+            for m in slow_ids:
+                assert send(hw.url, m, {"m": m}, receiver="slow")[0] == 202
+            for m in fast_ids:
+                assert send(hw.url, m, {"m": m})[0] == 202
+            wait_until(lambda: all_are(config, fast_ids, Status.DONE), "the fast ones DONE")
+            done = [m for m, s in statuses(config, slow_ids).items() if s is Status.DONE]
+            assert len(done) < len(slow_ids) // 2, done
+            wait_until(lambda: all_are(config, slow_ids, Status.DONE), "the slow ones DONE", 60)
+        assert sorted(p.message_id for p in slow.posts()) == sorted(slow_ids)  # once each
+        assert sorted(p.message_id for p in fast.posts()) == sorted(fast_ids)
+
+
 def test_bad_input_is_refused_precisely_and_stores_nothing(tmp_path: Path) -> None:
     with running_receiver(SECRET) as receiver:
         config = make_config(tmp_path, receiver)

@@ -2,9 +2,9 @@
 (per receiver for ``to_receiver``) and the loop of the state's schedules.
 
 - FromSender reads ``webhooks.from_sender``: dedup, record, route to ``to_receiver.<r>``; or,
-  for a receiver that is neither ordered nor disabled, run its ToReceiver step in place, up to
-  ``concurrency`` of them a receiver (see ``_from_sender``); a slow receiver's next messages go
-  through its topic.
+  for a receiver that is not ordered, rate limited or disabled, run its ToReceiver step in
+  place, up to ``concurrency`` of them a receiver (see ``_from_sender``); a slow receiver's next
+  messages go through its topic.
 - ToReceiver reads ``webhooks.to_receiver.<r>`` (one consumer per receiver, so a disabled or
   ordered receiver holds only its own messages): rate limit, send, and hand the message on to
   ``to_sender`` (a result), ``pending_from_receiver.<r>`` (a result to come) or
@@ -51,10 +51,10 @@ POLL_RECORDS = 500
 IDLE_POLL_S = 0.2  # a consumer's wait for records when it has nothing in flight
 BUSY_POLL_S = 0.005
 HOLD_CHECK_S = 0.25  # how often a held receiver (disabled, or ordered behind a retry) looks again
-# a receiver with ``concurrency`` steps in place none of which has ended for this long is slow:
-# its next messages go through its topic; until then FromSender waits for them (see
-# ``_room_in_place``)
-STUCK_S = 1.0
+# a receiver at its bound of steps in place (``concurrency``) whose steps take this long on
+# average, or none of which has ended for this long, is slow: its next messages go through its
+# topic; FromSender waits only for one that is not (see ``_room_in_place``)
+SLOW_S = 0.25
 MAX_BACKOFF_S = 30.0
 
 Handle = Callable[[Record], Awaitable[None]]
@@ -75,6 +75,7 @@ class Workers:
         self._grace_s = 10.0
         self._in_place: dict[str, int] = {}  # ToReceiver steps FromSender runs, by receiver
         self._progress: dict[str, float] = {}  # when one of them last ended (or the first began)
+        self._took: dict[str, float] = {}  # how long they take (a moving average, in seconds)
         self._freed = asyncio.Event()  # one of them ended
         # a running step's consumer's (running, settling) sets: see ``_release``
         self._slots: dict[asyncio.Task[None], tuple[set[asyncio.Task[None]], ...]] = {}
@@ -189,13 +190,13 @@ class Workers:
     # -- the steps, one record each -----------------------------------------------------------
     async def _from_sender(self, records: list[Record]) -> None:
         """A whole poll's records at once: recorded in one step of the state, routed in one
-        append per topic; or, for a receiver that is neither ordered nor disabled, its
+        append per topic; or, for a receiver that is not ordered, rate limited or disabled, its
         ToReceiver step run here (``_take_on``), without the trip through ``to_receiver.<r>``
         (an append, an fdatasync, a read). The records are committed once those steps are done
         too, so a worker that dies runs them again from ``from_sender``. The steps do not count
         toward this consumer's limit: ``concurrency`` a receiver bounds them, the consumer
         waiting for a receiver at that bound while it ends them (``_room_in_place``); a slow
-        receiver's messages go through its topic, so it holds the others' for ``STUCK_S`` at
+        receiver's messages go through its topic, so it holds the others' for ``SLOW_S`` at
         most."""
         messages = []
         for record in records:
@@ -216,8 +217,13 @@ class Workers:
                 here.append(out)
             else:
                 batches.setdefault(topic, []).append(out.to_message())
-        if batches:
-            await self._emit(batches)
+        try:
+            if batches:
+                await self._emit(batches)
+        except BaseException:
+            for message in here:  # (not taken on after all: the batch runs again)
+                self._in_place[message.receiver] -= 1
+            raise
         if here:
             self._release()
             done = await asyncio.gather(*(self._take_on(m) for m in here), return_exceptions=True)
@@ -230,31 +236,39 @@ class Workers:
         name = message.receiver
         receiver = self.config.receiver(name)
         assert self.ctx is not None
-        if receiver is None or receiver.ordered or topic != self.names.to_receiver(name):
+        if (
+            receiver is None
+            or receiver.ordered
+            or receiver.rate_limit is not None  # (its pace is the limit's: many steps waiting
+            or topic != self.names.to_receiver(name)  # on it in every process cost more)
+        ):
             return False
         taken = self._in_place.get(name, 0)
-        if (taken >= self.config.concurrency and self._stuck(name)) or self.ctx.disabled(name):
+        if (taken >= self.config.concurrency and self._slow(name)) or self.ctx.disabled(name):
             return False
         if not taken:
             self._progress[name] = time.monotonic()
         self._in_place[name] = taken + 1
         return True
 
-    def _stuck(self, receiver: str) -> bool:
-        return time.monotonic() - self._progress.get(receiver, 0.0) > STUCK_S
+    def _slow(self, receiver: str) -> bool:
+        """Whether its steps in place take ``SLOW_S`` on average, or none ended for as long."""
+        idle = time.monotonic() - self._progress.get(receiver, 0.0)
+        return idle > SLOW_S or self._took.get(receiver, 0.0) > SLOW_S
 
     async def _room_in_place(self) -> None:
         """Before FromSender polls: wait while a receiver has ``concurrency`` steps in place
-        (or more: a poll's worth may overshoot) and is ending them. A backlog is then taken on
-        in place as steps end, not spilled through the topics, which cost more; a receiver
-        that ends none for ``STUCK_S`` is slow, and no longer waited for."""
+        (or more: a poll's worth may overshoot) and is not slow. A backlog is then taken on in
+        place as steps end, not spilled through the topics, which cost more; a slow receiver
+        is not waited for (its messages go through its topic), so it holds the others'
+        messages ``SLOW_S`` at most."""
         limit = self.config.concurrency
         while not self._stop.is_set() and any(
-            n >= limit and not self._stuck(r) for r, n in self._in_place.items()
+            n >= limit and not self._slow(r) for r, n in self._in_place.items()
         ):
             self._freed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._freed.wait(), STUCK_S / 4)
+                await asyncio.wait_for(self._freed.wait(), SLOW_S / 4)
 
     async def _take_on(self, message: WebhookMessage) -> None:
         """The ToReceiver step of a message FromSender took on; one that fails (the state or
@@ -262,6 +276,7 @@ class Workers:
         consumer retries it."""
         ctx = self.ctx
         assert ctx is not None
+        started = time.monotonic()
         try:
             await ctx.to_receiver(message.source_id, message.message_id, from_topic=True)
         except TerminalError as e:
@@ -270,8 +285,11 @@ class Workers:
             log.warning("webhooks: %s/%s goes through its topic: %r", *_key(message), e)
             await self._emit({self.names.to_receiver(message.receiver): [message.to_message()]})
         finally:
-            self._in_place[message.receiver] -= 1
-            self._progress[message.receiver] = time.monotonic()
+            name, now = message.receiver, time.monotonic()
+            self._in_place[name] -= 1
+            self._progress[name] = now
+            took = self._took.get(name)
+            self._took[name] = now - started if took is None else 0.9 * took + 0.1 * (now - started)
             self._freed.set()
 
     def _receiving(self, receiver: ReceiverConfig) -> Handle:
