@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -53,12 +54,60 @@ BUSY_POLL_S = 0.005
 HOLD_CHECK_S = 0.25  # how often a held receiver (disabled, or ordered behind a retry) looks again
 # a receiver at its bound of steps in place (``concurrency``) whose steps take this long on
 # average, or none of which has ended for this long, is slow: its next messages go through its
-# topic; FromSender waits only for one that is not (see ``_room_in_place``)
+# topic; FromSender waits only for one that is not (see ``InPlace.room``)
 SLOW_S = 0.25
 MAX_BACKOFF_S = 30.0
 
 Handle = Callable[[Record], Awaitable[None]]
 BatchHandle = Callable[[list[Record]], Awaitable[None]]
+
+
+class InPlace:
+    """The ToReceiver steps FromSender runs in place, by receiver: at most ``bound`` of them
+    a receiver (a poll's worth may overshoot), unless the receiver is slow (``SLOW_S``)."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self.count: dict[str, int] = {}
+        self._progress: dict[str, float] = {}  # when one last ended (or the first began)
+        self._took: dict[str, float] = {}  # how long they take (a moving average, seconds)
+        self._ended = asyncio.Event()
+
+    def take(self, receiver: str) -> bool:
+        """Count one more step for ``receiver``; False (nothing counted) when it is at the
+        bound and slow: its message goes through its topic."""
+        taken = self.count.get(receiver, 0)
+        if taken >= self.bound and self.slow(receiver):
+            return False
+        if not taken:
+            self._progress[receiver] = time.monotonic()
+        self.count[receiver] = taken + 1
+        return True
+
+    def ended(self, receiver: str, started: float) -> None:
+        now = time.monotonic()
+        self.count[receiver] -= 1
+        self._progress[receiver] = now
+        took = self._took.get(receiver)
+        self._took[receiver] = now - started if took is None else 0.9 * took + 0.1 * (now - started)
+        self._ended.set()
+
+    def slow(self, receiver: str) -> bool:
+        """Whether its steps take ``SLOW_S`` on average, or none ended for as long."""
+        idle = time.monotonic() - self._progress.get(receiver, 0.0)
+        return idle > SLOW_S or self._took.get(receiver, 0.0) > SLOW_S
+
+    async def room(self, stop: asyncio.Event) -> None:
+        """Wait while a receiver is at the bound and not slow (before FromSender polls). A
+        backlog is then taken on in place as steps end, not spilled through the topics, which
+        cost more; a slow receiver is not waited for (its messages go through its topic), so
+        it holds the others' messages ``SLOW_S`` at most."""
+        while not stop.is_set() and any(
+            n >= self.bound and not self.slow(r) for r, n in self.count.items()
+        ):
+            self._ended.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ended.wait(), SLOW_S / 4)
 
 
 class Workers:
@@ -73,10 +122,7 @@ class Workers:
         self.state = LoopState(store)  # the backend's own, made on the loop by ``run``
         self._stop = asyncio.Event()
         self._grace_s = 10.0
-        self._in_place: dict[str, int] = {}  # ToReceiver steps FromSender runs, by receiver
-        self._progress: dict[str, float] = {}  # when one of them last ended (or the first began)
-        self._took: dict[str, float] = {}  # how long they take (a moving average, in seconds)
-        self._freed = asyncio.Event()  # one of them ended
+        self._in_place = InPlace(config.concurrency)  # the ToReceiver steps FromSender runs
         # a running step's consumer's (running, settling) sets: see ``_release``
         self._slots: dict[asyncio.Task[None], tuple[set[asyncio.Task[None]], ...]] = {}
 
@@ -126,7 +172,7 @@ class Workers:
                     [t.from_sender],
                     self._from_sender,
                     batched=True,
-                    ready=self._room_in_place,
+                    ready=functools.partial(self._in_place.room, stop),
                 ),
                 self._consume(stop, "pending", self._pending_topics(), self._schedule_poll),
                 self._consume(stop, "to_sender", [t.to_sender], self._to_sender),
@@ -195,7 +241,7 @@ class Workers:
         (an append, an fdatasync, a read). The records are committed once those steps are done
         too, so a worker that dies runs them again from ``from_sender``. The steps do not count
         toward this consumer's limit: ``concurrency`` a receiver bounds them, the consumer
-        waiting for a receiver at that bound while it ends them (``_room_in_place``); a slow
+        waiting for a receiver at that bound while it ends them (``InPlace.room``); a slow
         receiver's messages go through its topic, so it holds the others' for ``SLOW_S`` at
         most."""
         messages = []
@@ -222,7 +268,7 @@ class Workers:
                 await self._emit(batches)
         except BaseException:
             for message in here:  # (not taken on after all: the batch runs again)
-                self._in_place[message.receiver] -= 1
+                self._in_place.count[message.receiver] -= 1
             raise
         if here:
             self._release()
@@ -243,32 +289,7 @@ class Workers:
             or topic != self.names.to_receiver(name)  # on it in every process cost more)
         ):
             return False
-        taken = self._in_place.get(name, 0)
-        if (taken >= self.config.concurrency and self._slow(name)) or self.ctx.disabled(name):
-            return False
-        if not taken:
-            self._progress[name] = time.monotonic()
-        self._in_place[name] = taken + 1
-        return True
-
-    def _slow(self, receiver: str) -> bool:
-        """Whether its steps in place take ``SLOW_S`` on average, or none ended for as long."""
-        idle = time.monotonic() - self._progress.get(receiver, 0.0)
-        return idle > SLOW_S or self._took.get(receiver, 0.0) > SLOW_S
-
-    async def _room_in_place(self) -> None:
-        """Before FromSender polls: wait while a receiver has ``concurrency`` steps in place
-        (or more: a poll's worth may overshoot) and is not slow. A backlog is then taken on in
-        place as steps end, not spilled through the topics, which cost more; a slow receiver
-        is not waited for (its messages go through its topic), so it holds the others'
-        messages ``SLOW_S`` at most."""
-        limit = self.config.concurrency
-        while not self._stop.is_set() and any(
-            n >= limit and not self._slow(r) for r, n in self._in_place.items()
-        ):
-            self._freed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._freed.wait(), SLOW_S / 4)
+        return not self.ctx.disabled(name) and self._in_place.take(name)
 
     async def _take_on(self, message: WebhookMessage) -> None:
         """The ToReceiver step of a message FromSender took on; one that fails (the state or
@@ -285,12 +306,7 @@ class Workers:
             log.warning("webhooks: %s/%s goes through its topic: %r", *_key(message), e)
             await self._emit({self.names.to_receiver(message.receiver): [message.to_message()]})
         finally:
-            name, now = message.receiver, time.monotonic()
-            self._in_place[name] -= 1
-            self._progress[name] = now
-            took = self._took.get(name)
-            self._took[name] = now - started if took is None else 0.9 * took + 0.1 * (now - started)
-            self._freed.set()
+            self._in_place.ended(message.receiver, started)
 
     def _receiving(self, receiver: ReceiverConfig) -> Handle:
         async def handle(record: Record) -> None:

@@ -648,7 +648,7 @@ class RedisState(StateStore):
         return [row for (_, done), a in zip(steps, answers, strict=True) for row in done(a)]
 
     def known(self, source_id: str, message_id: str) -> bool:
-        return bool(self._redis.exists(self._keys(source_id, message_id)[0]))
+        return bool(self._redis.exists(self.message_key(source_id, message_id)))
 
     def get(self, source_id: str, message_id: str) -> MessageState | None:
         return self._do(self.get_step(source_id, message_id))
