@@ -710,35 +710,64 @@ def test_move_returns_what_advance_would_read_back(open_store) -> None:
         a.move(replace(moved, message_id="nobody"), Status.DONE, 4.0)
 
 
-def test_move_may_claim_the_next_send_in_the_same_step(open_store) -> None:
-    """The step that records a response claims the callback with it: another worker finds it
-    BUSY until the claim runs out, then INTERRUPTED (the callback may have gone out); the
-    attempt that answers it clears the claim."""
+def test_a_message_may_be_claimed_for_its_first_send_as_it_arrives(open_store) -> None:
+    """A claim given with an arrival holds as ``begin_send``'s would: another worker finds the
+    message BUSY until it runs out, then INTERRUPTED. A message known already is not claimed
+    by its repeat's arrival."""
     a, b = open_store(), open_store()
-    a.arrive("s", "m", "ci", b"{}", 1.0)
-    attempt = Attempt(2.0, "deliver", 200, 3.5, "{}")
+    batch = [("s", "m", "ci", b"{}"), ("s", "n", "ci", b"{}")]
+    (m_new, m), (n_new, n) = a.arrive_many(batch, 1.0, [20.0, None])
+    assert m_new and n_new
+    assert b.get("s", "m") == m  # (the claim is not part of the message)
+    assert b.begin_send(m, 10.0, 30.0) is Claim.BUSY
+    assert b.begin_send(m, 25.0, 40.0) is Claim.INTERRUPTED
+    ((again, known),) = a.arrive_many([("s", "n", "ci", b"{}")], 2.0, [50.0])
+    assert not again and known == n
+    assert b.begin_send(n, 3.0, 30.0) is Claim.CLAIMED  # the repeat claimed nothing
+
+
+def test_a_move_may_pass_through_several_statuses_with_several_attempts(open_store) -> None:
+    """A step that got the response and made its callback records both in one move: each
+    status passed through at ``via_at``, the last at ``now``, the attempts in order; the
+    send's claim is over. The path must be one the machine allows, from where the message is."""
+    a, b = open_store(), open_store()
+    (_, m), (_, n) = a.arrive_many([("s", "m", "ci", b"{}"), ("s", "n", "ci", b"{}")], 1.0)
+    assert a.begin_send(m, 1.0, 20.0) is Claim.CLAIMED
+    delivered = Attempt(1.5, "deliver", 200, 3.5, '{"ok":1}')
+    called_back = Attempt(2.5, "callback", 200, 1.0)
+    through = (Status.DELIVERED_TO_RECEIVER, Status.RESPONSE_RECEIVED_FROM_RECEIVER)
+    done = a.move(
+        m,
+        Status.DONE,
+        3.0,
+        response=b'{"ok":1}',
+        via=through,
+        via_at=2.0,
+        attempt=(delivered, called_back),
+    )
+    assert b.get("s", "m") == done
+    assert [(t.status, t.at) for t in done.history] == [
+        (Status.ARRIVED, 1.0),
+        (Status.DELIVERED_TO_RECEIVER, 2.0),
+        (Status.RESPONSE_RECEIVED_FROM_RECEIVER, 2.0),
+        (Status.DONE, 3.0),
+    ]
+    assert done.attempts == (delivered, called_back)
+    assert (done.response, done.updated_at) == (b'{"ok":1}', 3.0)
+    # a callback that failed: the response is recorded with both attempts, and the claim ends
+    assert a.begin_send(n, 1.0, 20.0) is Claim.CLAIMED
+    failed_back = Attempt(2.5, "callback", 503, 1.0)
     responded = a.move(
-        a.get("s", "m"),  # type: ignore[arg-type]
+        n,
         Status.RESPONSE_RECEIVED_FROM_RECEIVER,
         2.0,
         response=b"{}",
         via=Status.DELIVERED_TO_RECEIVER,
-        attempt=attempt,
-        claim_until=20.0,
+        attempt=(delivered, failed_back),
     )
-    assert b.get("s", "m") == responded
-    assert b.begin_send(responded, 10.0, 30.0) is Claim.BUSY
-    assert b.begin_send(responded, 25.0, 40.0) is Claim.INTERRUPTED  # its holder stopped
-    done = b.move(responded, Status.DONE, 26.0, attempt=Attempt(26.0, "callback", 200, 1.0))
-    assert done.status is Status.DONE
-    # and without a claim, a move with an attempt leaves no mark: the next send is CLAIMED
-    a.arrive("s", "n", "ci", b"{}", 1.0)
-    plain = a.move(
-        a.get("s", "n"),  # type: ignore[arg-type]
-        Status.RESPONSE_RECEIVED_FROM_RECEIVER,
-        2.0,
-        response=b"{}",
-        via=Status.DELIVERED_TO_RECEIVER,
-        attempt=attempt,
-    )
-    assert b.begin_send(plain, 3.0, 30.0) is Claim.CLAIMED
+    assert b.get("s", "n") == responded and responded.attempts == (delivered, failed_back)
+    assert b.begin_send(responded, 3.0, 30.0) is Claim.CLAIMED
+    with pytest.raises(InvalidTransition):  # DONE now: it cannot pass through DELIVERED again
+        a.move(done, Status.DONE, 4.0, via=through)
+    with pytest.raises(ValueError, match="cannot come from"):
+        a.move(m, Status.DONE, 4.0, via=(Status.DELIVERED_TO_RECEIVER,))

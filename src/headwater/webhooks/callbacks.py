@@ -4,11 +4,13 @@ back to the sender's ``callback_url``, signed with the source's secret, as JSON:
     {"message_id": "...", "receiver": "ci", "status": "RESPONSE_RECEIVED_FROM_RECEIVER",
      "response": <the receiver's JSON, or {"text": "..."} when it was not JSON>}
 
-A callback is claimed in the state first (``begin_send``), so two workers never call back for
-the same message at once; after a worker died mid-callback the callback is sent again (the
-sender sees the same ``webhook-id``). 2xx: DONE. 408/429/5xx, no answer: retried on the state's
-``callback`` schedule (Svix's waits) until it is spent, then FAILED; any other answer: FAILED.
-A source without a ``callback_url`` wants no response: the message is DONE at once.
+A callback is claimed in the state first (``begin_send``; made in the step that got the
+response, it is covered by that send's claim, and the response is recorded with its outcome:
+``Receiving.finish``), so two workers never call back for the same message at once; after a
+worker died mid-callback the callback is sent again (the sender sees the same ``webhook-id``).
+2xx: DONE. 408/429/5xx, no answer: retried on the state's ``callback`` schedule (Svix's waits)
+until it is spent, then FAILED; any other answer: FAILED. A source without a ``callback_url``
+wants no response: the message is DONE at once.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ async def to_sender(
     if due is not None:  # a repeated record before the retry is due
         await ctx.state.schedule(CALLBACK, source_id, message_id, due)
         return Step.SCHEDULED
-    if ctx.took_callback_claim(state):  # claimed with the response, in the step that got it
+    if ctx.unrecorded(state):  # in the step that got the response: its send's claim covers it
         claim = Claim.CLAIMED
     else:
         claim = await ctx.state.begin_send(state, now, now + endpoint.timeout_s + SEND_GRACE_S)
@@ -94,6 +96,7 @@ async def to_sender(
     )
     if outcome.verdict in (Verdict.RESULT, Verdict.ACCEPTED):
         return await _done(ctx, state, outcome.attempt)
+    await ctx.record_response(state)
     await ctx.state.record_attempt(source_id, message_id, outcome.attempt)
     if outcome.verdict is Verdict.RETRY:
         now = ctx.clock()
@@ -110,7 +113,7 @@ async def to_sender(
 
 async def _done(ctx: Receiving, state: MessageState, attempt: Attempt | None = None) -> Step:
     try:
-        await ctx.state.move(state, Status.DONE, ctx.clock(), attempt=attempt)
+        await ctx.finish(state, attempt)
     except InvalidTransition:
         if attempt is not None:
             await ctx.state.record_attempt(*state.key, attempt)

@@ -11,8 +11,15 @@ means:
   it); when the schedule is spent, FAILED;
 - gone (410): the receiver is disabled and the message FAILED; terminal: FAILED with the reason.
 
-A send is claimed in the state first (``begin_send``): another worker never sends the same
+A send is claimed in the state first (``begin_send``, or with the message's arrival when
+FromSender runs its step in place: ``arrival_claims``): another worker never sends the same
 message at the same time, and a send whose worker died before recording the answer is known.
+When the callback is made in place (``inline_callbacks``), the claim covers it too, and the
+response is recorded with the callback's outcome, in one step (``finish``): DONE, or, when the
+callback is to be retried, RESPONSE_RECEIVED_FROM_RECEIVER (``record_response``). A worker that
+dies between the receiver's answer and that step leaves the send's claim: the message is sent
+again once it runs out (after asking ``status_url``, where there is one), as after a worker that
+died waiting for the answer.
 Before sending again after such an ambiguous failure (the request may have arrived), a receiver
 with a ``status_url`` is asked first: 404 means send; a known message is not sent again (its
 result, when there is one, is taken as the response).
@@ -50,6 +57,7 @@ from headwater.webhooks.signing import Signer
 from headwater.webhooks.state.base import (
     DELIVER,
     POLL,
+    Attempt,
     Claim,
     InvalidTransition,
     LoopState,
@@ -96,9 +104,15 @@ class Receiving:
     arrived: dict[tuple[str, str], MessageState] = field(default_factory=dict)
     _remembered_bytes: int = 0
     # ``respond`` calls the sender back in place (the workers' does, but for ordered receivers):
-    # the step that gets the response then claims the callback with it (``callback_claim``)
+    # the send's claim then covers the callback, and the response is recorded with its outcome
     inline_callbacks: bool = False
-    _callback_claims: set[tuple[str, str]] = field(default_factory=set)
+    # claims made with the messages' arrival (until when), for their steps in place
+    _claimed: dict[tuple[str, str], float] = field(default_factory=dict)
+    # responses got and not recorded yet, with their callbacks in flight: the message as the
+    # step read it, when the response came and the delivery's attempt (see ``finish``)
+    _unrecorded: dict[tuple[str, str], tuple[MessageState, float, Attempt]] = field(
+        default_factory=dict
+    )
     _signers: dict[tuple[str, ...], Signer] = field(default_factory=dict)
     _callbacks: dict[str, ReceiverConfig] = field(default_factory=dict)
     _disabled: tuple[float, frozenset[str]] = (0.0, frozenset())
@@ -133,24 +147,63 @@ class Receiving:
         receiver = self.config.receiver(state.receiver)
         return self.inline_callbacks and receiver is not None and not receiver.ordered
 
-    def callback_claim(self, state: MessageState) -> float | None:
-        """Until when the step that records this message's response claims its callback (as
-        ``begin_send`` would, in the same step of the state), when ``respond`` makes it in
-        place and there is one to make; else None."""
-        if not self.calls_back_inline(state):
-            return None
-        source = self.config.source(state.source_id)
-        if source is None or source.callback_url is None:
-            return None
-        return self.clock() + self.callback_endpoint(source).timeout_s + SEND_GRACE_S
+    def claim_until(self, receiver: ReceiverConfig, source_id: str, now: float) -> float:
+        """Until when a send to ``receiver`` begun ``now`` is claimed: its timeout, the
+        callback's too when ``respond`` makes it in place, and ``SEND_GRACE_S``."""
+        until = now + receiver.timeout_s + SEND_GRACE_S
+        if self.inline_callbacks and not receiver.ordered:
+            source = self.config.source(source_id)
+            if source is not None and source.callback_url is not None:
+                until += self.callback_endpoint(source).timeout_s
+        return until
 
-    def took_callback_claim(self, state: MessageState) -> bool:
-        """Whether the step that recorded this message's response claimed its callback (once:
-        the claim is taken by the callback it was made for)."""
-        if state.key in self._callback_claims:
-            self._callback_claims.discard(state.key)
-            return True
-        return False
+    def arrival_claims(self, claims: Sequence[tuple[tuple[str, str], float]]) -> None:
+        """Messages whose first send was claimed with their arrival (``arrive_many``), until
+        when: their step in place sends without claiming (``forget_claim`` once it ran)."""
+        self._claimed.update(claims)
+
+    def forget_claim(self, key: tuple[str, str]) -> None:
+        self._claimed.pop(key, None)
+
+    def unrecorded(self, state: MessageState) -> bool:
+        """Whether the step that got this message's response left it to be recorded with the
+        callback's outcome (``finish``); its send's claim covers the callback."""
+        return state.key in self._unrecorded
+
+    async def finish(self, state: MessageState, attempt: Attempt | None = None) -> None:
+        """DONE, with the callback's ``attempt``: and with the response, in the same step of
+        the state, when the step that got it left it unrecorded. InvalidTransition when
+        another worker moved the message first."""
+        now = self.clock()
+        left = self._unrecorded.pop(state.key, None)
+        if left is None:
+            await self.state.move(state, Status.DONE, now, attempt=attempt)
+            return
+        read, at, delivered = left
+        await self.state.move(
+            read,
+            Status.DONE,
+            now,
+            response=state.response,
+            via=(Status.DELIVERED_TO_RECEIVER, Status.RESPONSE_RECEIVED_FROM_RECEIVER),
+            via_at=at,
+            attempt=delivered if attempt is None else (delivered, attempt),
+        )
+
+    async def record_response(self, state: MessageState) -> None:
+        """Record the response the step that got it left unrecorded (its callback did not
+        succeed), as that step would have."""
+        left = self._unrecorded.pop(state.key, None)
+        if left is not None:
+            read, at, delivered = left
+            await self.state.move(
+                read,
+                Status.RESPONSE_RECEIVED_FROM_RECEIVER,
+                at,
+                response=state.response,
+                via=Status.DELIVERED_TO_RECEIVER,
+                attempt=delivered,
+            )
 
     def signer(self, endpoint: ReceiverConfig) -> Signer:
         """The signer of a receiver (or of a sender's callback), made once per set of secrets."""
@@ -220,7 +273,11 @@ class Receiving:
             return Step.SCHEDULED
         signer = self.signer(receiver)
         await self.rate_limited(receiver)
-        claim = await self._claim(state, receiver)
+        until = self._claimed.pop(state.key, None)
+        if until is not None and until > self.clock() + receiver.timeout_s:
+            claim = Claim.CLAIMED  # with its arrival, and no attempt can have been made since
+        else:
+            claim = await self._claim(state, receiver)
         if claim is Claim.MOVED and recalled:  # changed since it arrived here: read it
             return await self.to_receiver(source_id, message_id, from_topic)
         if claim in (Claim.BUSY, Claim.MOVED):  # another worker is sending it, or acted on it
@@ -249,7 +306,8 @@ class Receiving:
 
     async def _claim(self, state: MessageState, receiver: ReceiverConfig) -> Claim:
         now = self.clock()
-        return await self.state.begin_send(state, now, now + receiver.timeout_s + SEND_GRACE_S)
+        until = self.claim_until(receiver, state.source_id, now)
+        return await self.state.begin_send(state, now, until)
 
     async def hand_on(self, state: MessageState) -> Step:
         """Hand a message past ARRIVED on again (its step ran before, and may have stopped
@@ -273,22 +331,25 @@ class Receiving:
             if outcome.verdict is Verdict.RESULT or (
                 outcome.verdict is Verdict.ACCEPTED and receiver.status_url is None
             ):
-                claim = self.callback_claim(state)
-                done = await self.state.move(
-                    state,
-                    Status.RESPONSE_RECEIVED_FROM_RECEIVER,
-                    now,
-                    response=outcome.body or _accepted(outcome),
-                    via=Status.DELIVERED_TO_RECEIVER,
+                response = outcome.body or _accepted(outcome)
+                via = Status.DELIVERED_TO_RECEIVER
+                if not self.calls_back_inline(state):
+                    responded = await self.state.move(
+                        state, Status.RESPONSE_RECEIVED_FROM_RECEIVER, now, response=response,
+                        via=via, attempt=attempt,
+                    )  # fmt: skip
+                    await self.respond(responded)
+                    return Step.RESPONDED
+                # recorded with the callback's outcome (``finish``, ``record_response``)
+                responded = state.moved(
+                    Status.RESPONSE_RECEIVED_FROM_RECEIVER, now, response=response, via=via,
                     attempt=attempt,
-                    claim_until=claim,
-                )
-                if claim is not None:
-                    self._callback_claims.add(state.key)
+                )  # fmt: skip
+                self._unrecorded[state.key] = (state, now, attempt)
                 try:
-                    await self.respond(done)
+                    await self.respond(responded)
                 finally:
-                    self._callback_claims.discard(state.key)
+                    self._unrecorded.pop(state.key, None)
                 return Step.RESPONDED
             if outcome.verdict is Verdict.ACCEPTED:
                 delivered = await self.state.move(

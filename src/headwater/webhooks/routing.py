@@ -131,12 +131,14 @@ async def from_senders(
     messages: list[WebhookMessage],
     now: float,
     recorded: list[MessageState] | None = None,
+    claims: Sequence[float | None] | None = None,
 ) -> list[tuple[str, WebhookMessage]]:
     """``from_sender`` for a batch of messages, recorded in one step of the state, each routed
     message with its topic (not encoded yet: the workers take some on in place); the messages
-    it recorded, as recorded, appended to ``recorded``."""
+    it recorded, as recorded, appended to ``recorded``; ``claims``: the first send of each
+    message recorded claimed until then (None: not; see ``StateStore.arrive_many``)."""
     arrived = await state.arrive_many(
-        [(m.source_id, m.message_id, m.receiver, m.payload) for m in messages], now
+        [(m.source_id, m.message_id, m.receiver, m.payload) for m in messages], now, claims
     )
     topics = Topics(config.topic_prefix)
     out: list[tuple[str, WebhookMessage]] = []

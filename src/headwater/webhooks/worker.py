@@ -84,6 +84,10 @@ class InPlace:
         self.count[receiver] = taken + 1
         return True
 
+    def untake(self, receiver: str) -> None:
+        """Uncount a step counted by ``take`` that does not run after all."""
+        self.count[receiver] -= 1
+
     def ended(self, receiver: str, started: float) -> None:
         now = time.monotonic()
         self.count[receiver] -= 1
@@ -252,23 +256,45 @@ class Workers:
                 log.error(
                     "webhooks from_sender: skipping %s@%d: %s", record.topic, record.offset, e
                 )
+        ctx = self.ctx
+        assert ctx is not None
+        # the steps run here are decided first: their sends are claimed with the arrival
+        now = time.time()
+        claims: list[float | None] = []
+        taken: dict[tuple[str, str], int] = {}
+        for message in messages:
+            receiver = self._takes_on(message)
+            if receiver is None:
+                claims.append(None)
+                continue
+            claims.append(ctx.claim_until(receiver, message.source_id, now))
+            taken[_key(message)] = taken.get(_key(message), 0) + 1
         recorded: list[MessageState] = []
-        routed = await from_senders(self.state, self.config, messages, time.time(), recorded)
-        assert self.ctx is not None
-        self.ctx.remember(recorded)  # (before their records can be read)
+        routed = await from_senders(self.state, self.config, messages, now, recorded, claims)
+        ctx.remember(recorded)  # (before their records can be read)
+        claimed: dict[tuple[str, str], float | None] = {}
+        for message, claim in zip(messages, claims, strict=True):  # (a repeat's: the first's)
+            claimed.setdefault(_key(message), claim)
+        ctx.arrival_claims([(s.key, c) for s in recorded if (c := claimed[s.key]) is not None])
         batches: dict[str, list[Message]] = {}
         here: list[WebhookMessage] = []
         for topic, out in routed:
-            if self._takes_on(topic, out):
+            if taken.get(key := _key(out)) and topic == self.names.to_receiver(out.receiver):
+                taken[key] -= 1
                 here.append(out)
             else:
                 batches.setdefault(topic, []).append(out.to_message())
+        for message in messages:  # taken, but known already (past ARRIVED): no step
+            if taken.get(key := _key(message)):
+                taken[key] -= 1
+                self._in_place.untake(message.receiver)
         try:
             if batches:
                 await self._emit(batches)
         except BaseException:
             for message in here:  # (not taken on after all: the batch runs again)
-                self._in_place.count[message.receiver] -= 1
+                self._in_place.untake(message.receiver)
+                ctx.forget_claim(_key(message))
             raise
         if here:
             self._release()
@@ -277,8 +303,9 @@ class Workers:
                 if isinstance(error, BaseException):
                     raise error
 
-    def _takes_on(self, topic: str, message: WebhookMessage) -> bool:
-        """Whether FromSender runs this message's ToReceiver step itself (counted when so)."""
+    def _takes_on(self, message: WebhookMessage) -> ReceiverConfig | None:
+        """The receiver, when FromSender runs this message's ToReceiver step itself (counted
+        when so)."""
         name = message.receiver
         receiver = self.config.receiver(name)
         assert self.ctx is not None
@@ -286,10 +313,11 @@ class Workers:
             receiver is None
             or receiver.ordered
             or receiver.rate_limit is not None  # (its pace is the limit's: many steps waiting
-            or topic != self.names.to_receiver(name)  # on it in every process cost more)
+            or self.ctx.disabled(name)  # on it in every process cost more)
+            or not self._in_place.take(name)
         ):
-            return False
-        return not self.ctx.disabled(name) and self._in_place.take(name)
+            return None
+        return receiver
 
     async def _take_on(self, message: WebhookMessage) -> None:
         """The ToReceiver step of a message FromSender took on; one that fails (the state or
@@ -306,6 +334,7 @@ class Workers:
             log.warning("webhooks: %s/%s goes through its topic: %r", *_key(message), e)
             await self._emit({self.names.to_receiver(message.receiver): [message.to_message()]})
         finally:
+            ctx.forget_claim(_key(message))
             self._in_place.ended(message.receiver, started)
 
     def _receiving(self, receiver: ReceiverConfig) -> Handle:

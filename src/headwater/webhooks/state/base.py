@@ -5,7 +5,8 @@ several processes and machines), both held to one contract test suite.
 
 Status machine: ARRIVED -> DELIVERED_TO_RECEIVER -> RESPONSE_RECEIVED_FROM_RECEIVER -> DONE,
 and FAILED from any state but DONE. A sync response skips nothing: the worker records the
-delivery, then the response. Every transition is timestamped.
+delivery and the response (and DONE, when it called the sender back in place) in one step,
+each transition with its own time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from headwater.errors import TerminalError
 
 if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Sequence
 
 
 class Status(StrEnum):
@@ -78,6 +80,12 @@ class Transition:
     reason: str = ""
 
 
+# what a move passes through on its way (one status, or several in turn), and the attempts it
+# records with its change (one, or several in order)
+Via = Status | tuple[Status, ...] | None
+Attempts = Attempt | tuple[Attempt, ...] | None
+
+
 @dataclass(frozen=True)
 class MessageState:
     source_id: str
@@ -123,14 +131,13 @@ class MessageState:
         *,
         reason: str = "",
         response: bytes | None = None,
-        via: Status | None = None,
-        attempt: Attempt | None = None,
+        via: Via = None,
+        via_at: float | None = None,
+        attempt: Attempts = None,
     ) -> MessageState:
-        """This message as ``StateStore.advance`` leaves it (what ``move`` returns, worked out
+        """This message as ``StateStore.move`` leaves it (what ``move`` returns, worked out
         here instead of read back)."""
-        moved = (Transition(status, now, reason),)
-        if via is not None:
-            moved = (Transition(via, now, reason), *moved)
+        moved = tuple(Transition(s, at, reason) for s, at in stamped(status, via, now, via_at))
         return MessageState(  # (not ``dataclasses.replace``: a hot path, and it is 5x slower)
             self.source_id,
             self.message_id,
@@ -142,7 +149,7 @@ class MessageState:
             reason if status is Status.FAILED else "",
             self.response if response is None else response,
             self.history + moved,
-            self.attempts if attempt is None else (*self.attempts, attempt),
+            (*self.attempts, *attempts_of(attempt)) if attempt is not None else self.attempts,
         )
 
     def resume_stage(self) -> tuple[Status, str]:
@@ -190,17 +197,38 @@ def check_transition(key: tuple[str, str], current: Status, wanted: Status) -> N
 
 
 def path_to(
-    status: Status, via: Status | None, retry: bool = False
+    status: Status, via: Via, retry: bool = False
 ) -> tuple[frozenset[Status], list[Status]]:
-    """The statuses a message may be in before moving to ``status`` (through ``via``; a
-    ``retry`` from FAILED alone), and the transitions recorded."""
+    """The statuses a message may be in before moving to ``status`` (through ``via``, one
+    status or several in turn; a ``retry`` from FAILED alone), and the transitions recorded."""
     if retry:
         return frozenset({Status.FAILED}), [status]
     if via is None:
         return ALLOWED_FROM[status], [status]
-    if via not in ALLOWED_FROM[status]:
-        raise ValueError(f"{status} cannot come from {via}")
-    return ALLOWED_FROM[via], [via, status]
+    path = [via] if isinstance(via, Status) else list(via)
+    for before, after in zip(path, [*path[1:], status], strict=True):
+        if before not in ALLOWED_FROM[after]:
+            raise ValueError(f"{after} cannot come from {before}")
+    return ALLOWED_FROM[path[0]], [*path, status]
+
+
+def stamped(
+    status: Status, via: Via, now: float, via_at: float | None = None
+) -> list[tuple[Status, float]]:
+    """The transitions a move records, each with its time: those it passes through (``via``)
+    at ``via_at`` (``now`` when None), the last at ``now``."""
+    at = now if via_at is None else via_at
+    if via is None:
+        return [(status, now)]
+    path = [via] if isinstance(via, Status) else list(via)
+    return [*((s, at) for s in path), (status, now)]
+
+
+def attempts_of(attempt: Attempts) -> tuple[Attempt, ...]:
+    """The attempts a move records: none, one, or several in order."""
+    if attempt is None:
+        return ()
+    return (attempt,) if isinstance(attempt, Attempt) else tuple(attempt)
 
 
 # (updated_at, source_id, message_id) of the last message of a page of ``StateStore.messages``
@@ -247,11 +275,22 @@ class StateStore(abc.ABC):
         message_id)`` is already known: the dedup."""
 
     def arrive_many(
-        self, messages: list[tuple[str, str, str, bytes]], now: float
+        self,
+        messages: list[tuple[str, str, str, bytes]],
+        now: float,
+        claims: Sequence[float | None] | None = None,
     ) -> list[tuple[bool, MessageState]]:
         """``arrive`` for each ``(source_id, message_id, receiver, payload)``, in order (a
-        backend may record them in one step)."""
-        return [self.arrive(*m, now) for m in messages]
+        backend may record them in one step). ``claims``: a message's first send claimed
+        until its claim (None: not), when the message is recorded here, as ``begin_send``
+        would claim it (one step fewer for the worker that sends it next)."""
+        out = []
+        for message, claim in zip(messages, claims or [None] * len(messages), strict=True):
+            created, state = self.arrive(*message, now)
+            if created and claim is not None:  # (not in one step: the backends do it in one)
+                self.begin_send(state, now, claim)
+            out.append((created, state))
+        return out
 
     @abc.abstractmethod
     def get(self, source_id: str, message_id: str) -> MessageState | None: ...
@@ -280,6 +319,7 @@ class StateStore(abc.ABC):
         when the machine does not allow it from where it is; UnknownMessage when there is no
         such message."""
 
+    @abc.abstractmethod
     def move(
         self,
         state: MessageState,
@@ -288,21 +328,16 @@ class StateStore(abc.ABC):
         *,
         reason: str = "",
         response: bytes | None = None,
-        via: Status | None = None,
-        attempt: Attempt | None = None,
-        claim_until: float | None = None,
+        via: Via = None,
+        via_at: float | None = None,
+        attempt: Attempts = None,
     ) -> MessageState:
         """``advance`` for a message read as ``state``, returned as ``state.moved`` says
         (a backend may leave out reading it back: what a concurrent step added meanwhile, an
-        attempt, may be missing from it). With ``claim_until``, the message is also claimed
-        for its next send until then, in the same step, as a ``begin_send`` that found no
-        mark would claim it (the step that got a response claims the callback with it)."""
-        moved = self.advance(
-            *state.key, status, now, reason=reason, response=response, via=via, attempt=attempt
-        )
-        if claim_until is not None:  # (not in one step: the backends do it in one)
-            self.begin_send(moved, now, claim_until)
-        return moved
+        attempt, may be missing from it). ``via`` may be several statuses passed through in
+        turn, recorded at ``via_at`` (``now`` when None), and ``attempt`` several attempts, all
+        in the one step (a step that got a response and made its callback records both at
+        once)."""
 
     @abc.abstractmethod
     def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None: ...
@@ -444,9 +479,12 @@ class LoopState:
         return self.store.get(source_id, message_id)
 
     async def arrive_many(
-        self, messages: list[tuple[str, str, str, bytes]], now: float
+        self,
+        messages: list[tuple[str, str, str, bytes]],
+        now: float,
+        claims: Sequence[float | None] | None = None,
     ) -> list[tuple[bool, MessageState]]:
-        return self.store.arrive_many(messages, now)
+        return self.store.arrive_many(messages, now, claims)
 
     async def move(
         self,
@@ -456,14 +494,14 @@ class LoopState:
         *,
         reason: str = "",
         response: bytes | None = None,
-        via: Status | None = None,
-        attempt: Attempt | None = None,
-        claim_until: float | None = None,
+        via: Via = None,
+        via_at: float | None = None,
+        attempt: Attempts = None,
     ) -> MessageState:
         """``StateStore.move``: InvalidTransition when another worker moved it first."""
         return self.store.move(
-            state, status, now, reason=reason, response=response, via=via, attempt=attempt,
-            claim_until=claim_until,
+            state, status, now, reason=reason, response=response, via=via, via_at=via_at,
+            attempt=attempt,
         )  # fmt: skip
 
     async def record_attempt(self, source_id: str, message_id: str, attempt: Attempt) -> None:

@@ -46,6 +46,7 @@ import orjson
 from headwater.errors import MissingDependencyError
 from headwater.webhooks.state.base import (
     Attempt,
+    Attempts,
     Claim,
     Cursor,
     InvalidTransition,
@@ -56,7 +57,10 @@ from headwater.webhooks.state.base import (
     Status,
     Transition,
     UnknownMessage,
+    Via,
+    attempts_of,
     path_to,
+    stamped,
     statuses,
 )
 from headwater.webhooks.state.redis_turns import TurnPipeline
@@ -97,8 +101,9 @@ end
 """
 )
 
-# KEYS: receivers with messages; ARGV: prefix, status, now, history entry, then three a message:
-# receiver, member of the listing (its keys' name), payload. Returns, a message each, 1 when
+# KEYS: receivers with messages; ARGV: prefix, status, now, history entry, then four a message:
+# receiver, member of the listing (its keys' name), payload, its first send's claim ('' for
+# none: see ``StateStore.arrive_many``). Returns, a message each, 1 when
 # recorded, else the message known (its hash, history and attempts): a message twice in the
 # batch is recorded once, as it would be by two scripts one after the other.
 _ARRIVE = (
@@ -106,15 +111,20 @@ _ARRIVE = (
     + """
 local prefix, status, now, entry = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local out, told = {}, {}
-for i = 5, #ARGV, 3 do
+for i = 5, #ARGV, 4 do
   local receiver, member = ARGV[i], ARGV[i + 1]
   local message, history = prefix .. 'm:' .. member, prefix .. 'h:' .. member
   if redis.call('EXISTS', message) == 1 then
     out[#out + 1] = {redis.call('HGETALL', message), redis.call('LRANGE', history, 0, -1),
                      redis.call('LRANGE', prefix .. 'a:' .. member, 0, -1)}
   else
-    redis.call('HSET', message, 'receiver', receiver, 'status', status, 'payload', ARGV[i + 2],
-               'created_at', now, 'updated_at', now, 'reason', '')
+    local fields = {'receiver', receiver, 'status', status, 'payload', ARGV[i + 2],
+                    'created_at', now, 'updated_at', now, 'reason', ''}
+    if ARGV[i + 3] ~= '' then
+      fields[#fields + 1] = 'sending_until'
+      fields[#fields + 1] = ARGV[i + 3]
+    end
+    redis.call('HSET', message, unpack(fields))
     redis.call('RPUSH', history, entry)
     relist(prefix, receiver, nil, status, member, now)
     if not told[receiver] then
@@ -129,20 +139,19 @@ return out
 )
 
 # KEYS: message hash, history, failed set, attempts, done set; ARGV: status, now, reason (kept when
-# FAILED), has response, response, member of the failed set (and the listing), an attempt ('' for
-# none), prefix, '1' to read the message back, the next send's claim ('' for none: see
-# ``StateStore.move``), n history entries, the entries..., allowed
-# previous statuses... Returns the message as it is now (its hash, history and attempts), or
-# only 'ok' when not read back.
+# FAILED), has response, response, member of the failed set (and the listing), k attempts, prefix,
+# '1' to read the message back, n history entries, the entries..., the attempts..., allowed
+# previous statuses... Returns the message as it is now (its hash, history and attempts), or only
+# 'ok' when not read back.
 _ADVANCE = (
     _LISTING
     + """
 local found = redis.call('HMGET', KEYS[1], 'status', 'receiver')
 local current = found[1]
 if not current then return {'missing'} end
-local n = tonumber(ARGV[11])
+local n, k = tonumber(ARGV[10]), tonumber(ARGV[7])
 local allowed = false
-for i = 12 + n, #ARGV do if ARGV[i] == current then allowed = true end end
+for i = 11 + n + k, #ARGV do if ARGV[i] == current then allowed = true end end
 if not allowed then return {'refused', current} end
 -- as few calls as it takes (each costs Redis more than the change it makes)
 local fields = {'status', ARGV[1], 'updated_at', ARGV[2], 'reason', ARGV[3]}
@@ -150,16 +159,13 @@ if ARGV[4] == '1' then
   fields[#fields + 1] = 'response'
   fields[#fields + 1] = ARGV[5]
 end
-if ARGV[10] ~= '' then  -- claimed for the next send
-  fields[#fields + 1] = 'sending_until'
-  fields[#fields + 1] = ARGV[10]
-elseif ARGV[7] ~= '' then  -- an attempt recorded: its send is over
+if k > 0 then  -- an attempt recorded: its send is over
   redis.call('HDEL', KEYS[1], 'sending_until')
 end
 redis.call('HSET', KEYS[1], unpack(fields))
-if n > 0 then redis.call('RPUSH', KEYS[2], unpack(ARGV, 12, 11 + n)) end
+if n > 0 then redis.call('RPUSH', KEYS[2], unpack(ARGV, 11, 10 + n)) end
 relist(ARGV[8], found[2], current, ARGV[1], ARGV[6], ARGV[2])
-if ARGV[7] ~= '' then redis.call('RPUSH', KEYS[4], ARGV[7]) end
+if k > 0 then redis.call('RPUSH', KEYS[4], unpack(ARGV, 11 + n, 10 + n + k)) end
 if ARGV[1] == 'FAILED' then
   redis.call('ZADD', KEYS[3], score(ARGV[2]), ARGV[6])
 elseif current == 'FAILED' then
@@ -432,8 +438,8 @@ def _glob(head: bytes) -> bytes:
 
 
 def _batches(
-    messages: Sequence[tuple[str, str, str, bytes]],
-) -> Iterator[Sequence[tuple[str, str, str, bytes]]]:
+    messages: Sequence[tuple[str, str, str, bytes, str]],
+) -> Iterator[Sequence[tuple[str, str, str, bytes, str]]]:
     """``messages`` in runs of at most ``ARRIVE_BATCH`` of them and (but for one larger
     message) ``ARRIVE_BATCH_BYTES`` of payloads."""
     start, size = 0, 0
@@ -510,22 +516,30 @@ class RedisState(StateStore):
 
     # -- the steps: each one script ------------------------------------------------------------
     def arrive_steps(
-        self, messages: Sequence[tuple[str, str, str, bytes]], now: float
+        self,
+        messages: Sequence[tuple[str, str, str, bytes]],
+        now: float,
+        claims: Sequence[float | None] | None = None,
     ) -> list[Step[list[tuple[bool, MessageState]]]]:
-        """The arrival of ``messages`` (source, id, receiver, payload): a script a batch of at
+        """The arrival of ``messages`` (source, id, receiver, payload; each claimed for its
+        first send as ``claims`` says, see ``StateStore.arrive_many``): a script a batch of at
         most ``ARRIVE_BATCH`` messages or ``ARRIVE_BATCH_BYTES`` of payloads (Redis runs
         nothing else during a script), each answering for its messages in order."""
         entry = orjson.dumps([Status.ARRIVED.value, now, ""])
         head = [self.prefix, Status.ARRIVED.value, repr(now), entry]
         keys = [f"{self.prefix}lrs"]
         steps: list[Step[list[tuple[bool, MessageState]]]] = []
-        for batch in _batches(messages):
+        claimed = [
+            (*m, "" if c is None else repr(c))
+            for m, c in zip(messages, claims or [None] * len(messages), strict=True)
+        ]
+        for batch in _batches(claimed):
 
             def done(
-                answers: Any, batch: Sequence[tuple[str, str, str, bytes]] = batch
+                answers: Any, batch: Sequence[tuple[str, str, str, bytes, str]] = batch
             ) -> list[tuple[bool, MessageState]]:
                 out = []
-                for (source_id, message_id, receiver, payload), answer in zip(
+                for (source_id, message_id, receiver, payload, _), answer in zip(
                     batch, answers, strict=True
                 ):
                     if answer == 1:
@@ -538,8 +552,8 @@ class RedisState(StateStore):
                 return out
 
             args: list[Any] = list(head)
-            for source_id, message_id, receiver, payload in batch:
-                args += (receiver, f"{source_id}{SEP}{message_id}", payload)
+            for source_id, message_id, receiver, payload, claim in batch:
+                args += (receiver, f"{source_id}{SEP}{message_id}", payload, claim)
             steps.append(((self._arrive, keys, args), done))
         return steps
 
@@ -558,22 +572,22 @@ class RedisState(StateStore):
         *,
         reason: str = "",
         response: bytes | None = None,
-        via: Status | None = None,
+        via: Via = None,
         retry: bool = False,
-        attempt: Attempt | None = None,
+        attempt: Attempts = None,
         read_back: bool = True,
-        claim_until: float | None = None,
+        via_at: float | None = None,
     ) -> Step[MessageState | None]:
         """(``read_back``: the message as it is now, else None.)"""
         message, history, attempts = self._keys(source_id, message_id)
-        allowed, steps = path_to(status, via, retry)
-        entries = [orjson.dumps([step.value, now, reason]) for step in steps]
+        allowed, _ = path_to(status, via, retry)
+        passed = stamped(status, via, now, via_at)
+        entries = [orjson.dumps([step.value, at, reason]) for step, at in passed]
         kept = reason if status is Status.FAILED else ""
-        tried = orjson.dumps(attempt.__dict__) if attempt is not None else ""
+        tried = [orjson.dumps(a.__dict__) for a in attempts_of(attempt)]
         args: list[Any] = [status.value, repr(now), kept, "1" if response else "0"]
-        args += [response or b"", f"{source_id}{SEP}{message_id}", tried, self.prefix]
-        claim = "" if claim_until is None else repr(claim_until)
-        args += ["1" if read_back else "0", claim, len(entries), *entries]
+        args += [response or b"", f"{source_id}{SEP}{message_id}", len(tried), self.prefix]
+        args += ["1" if read_back else "0", len(entries), *entries, *tried]
         args += [s.value for s in allowed]
         keys = [message, history, f"{self.prefix}f", attempts, f"{self.prefix}d"]
 
@@ -637,10 +651,13 @@ class RedisState(StateStore):
         return self.arrive_many([(source_id, message_id, receiver, payload)], now)[0]
 
     def arrive_many(
-        self, messages: list[tuple[str, str, str, bytes]], now: float
+        self,
+        messages: list[tuple[str, str, str, bytes]],
+        now: float,
+        claims: Sequence[float | None] | None = None,
     ) -> list[tuple[bool, MessageState]]:
         """A script a batch (see ``arrive_steps``), all of them in one round trip."""
-        steps = self.arrive_steps(messages, now)
+        steps = self.arrive_steps(messages, now, claims)
         pipe = self._redis.pipeline(transaction=False)
         for (script, keys, args), _ in steps:
             script(keys=keys, args=args, client=pipe)
@@ -690,14 +707,14 @@ class RedisState(StateStore):
         *,
         reason: str = "",
         response: bytes | None = None,
-        via: Status | None = None,
-        attempt: Attempt | None = None,
-        claim_until: float | None = None,
+        via: Via = None,
+        via_at: float | None = None,
+        attempt: Attempts = None,
     ) -> MessageState:
         return self._do(
             self.move_step(
-                state, status, now, reason=reason, response=response, via=via, attempt=attempt,
-                claim_until=claim_until,
+                state, status, now, reason=reason, response=response, via=via, via_at=via_at,
+                attempt=attempt,
             )
         )  # fmt: skip
 
@@ -709,21 +726,22 @@ class RedisState(StateStore):
         *,
         reason: str = "",
         response: bytes | None = None,
-        via: Status | None = None,
-        attempt: Attempt | None = None,
-        claim_until: float | None = None,
+        via: Via = None,
+        via_at: float | None = None,
+        attempt: Attempts = None,
     ) -> Step[MessageState]:
         """``advance_step``, not read back: it answers ``state.moved`` (``StateStore.move``)."""
         call, checked = self.advance_step(
             *state.key, status, now, reason=reason, response=response, via=via, attempt=attempt,
-            read_back=False, claim_until=claim_until,
+            read_back=False, via_at=via_at,
         )  # fmt: skip
 
         def done(answer: Any) -> MessageState:
             checked(answer)  # (refused, unknown: raised)
             return state.moved(
-                status, now, reason=reason, response=response, via=via, attempt=attempt
-            )
+                status, now, reason=reason, response=response, via=via, via_at=via_at,
+                attempt=attempt,
+            )  # fmt: skip
 
         return call, done
 
@@ -885,9 +903,12 @@ class RedisLoopState(LoopState):
         return await self.get(source_id, message_id)
 
     async def arrive_many(
-        self, messages: list[tuple[str, str, str, bytes]], now: float
+        self,
+        messages: list[tuple[str, str, str, bytes]],
+        now: float,
+        claims: Sequence[float | None] | None = None,
     ) -> list[tuple[bool, MessageState]]:
-        steps = [self._do(step) for step in self.store.arrive_steps(messages, now)]
+        steps = [self._do(step) for step in self.store.arrive_steps(messages, now, claims)]
         return [row for rows in await asyncio.gather(*steps) for row in rows]
 
     async def move(
@@ -898,14 +919,14 @@ class RedisLoopState(LoopState):
         *,
         reason: str = "",
         response: bytes | None = None,
-        via: Status | None = None,
-        attempt: Attempt | None = None,
-        claim_until: float | None = None,
+        via: Via = None,
+        via_at: float | None = None,
+        attempt: Attempts = None,
     ) -> MessageState:
         return await self._do(
             self.store.move_step(
-                state, status, now, reason=reason, response=response, via=via, attempt=attempt,
-                claim_until=claim_until,
+                state, status, now, reason=reason, response=response, via=via, via_at=via_at,
+                attempt=attempt,
             )
         )  # fmt: skip
 

@@ -25,7 +25,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ import orjson
 
 from headwater.webhooks.state.base import (
     Attempt,
+    Attempts,
     Claim,
     Cursor,
     InvalidTransition,
@@ -43,6 +44,8 @@ from headwater.webhooks.state.base import (
     Status,
     Transition,
     UnknownMessage,
+    Via,
+    attempts_of,
     path_to,
     statuses,
 )
@@ -259,17 +262,23 @@ class SqliteState(StateStore):
         return self.arrive_many([(source_id, message_id, receiver, payload)], now)[0]
 
     def arrive_many(
-        self, messages: list[tuple[str, str, str, bytes]], now: float
+        self,
+        messages: list[tuple[str, str, str, bytes]],
+        now: float,
+        claims: Sequence[float | None] | None = None,
     ) -> list[tuple[bool, MessageState]]:
         history = _json([[Status.ARRIVED.value, now, ""]])
         arrived = Status.ARRIVED.value
         out: list[tuple[bool, MessageState]] = []
         with self._tx() as c:
-            for source_id, message_id, receiver, payload in messages:
+            for (source_id, message_id, receiver, payload), claim in zip(
+                messages, claims or [None] * len(messages), strict=True
+            ):
                 inserted = c.execute(
                     "INSERT OR IGNORE INTO messages (source_id, message_id, receiver, status, "
-                    "payload, created_at, updated_at, history) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (source_id, message_id, receiver, arrived, payload, now, now, history),
+                    "payload, created_at, updated_at, history, sending_until) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (source_id, message_id, receiver, arrived, payload, now, now, history, claim),
                 ).rowcount
                 if inserted:
                     state = MessageState.arrived(source_id, message_id, receiver, payload, now)
@@ -320,15 +329,15 @@ class SqliteState(StateStore):
         *,
         reason: str = "",
         response: bytes | None = None,
-        via: Status | None = None,
-        attempt: Attempt | None = None,
-        claim_until: float | None = None,
+        via: Via = None,
+        via_at: float | None = None,
+        attempt: Attempts = None,
     ) -> MessageState:
         """``advance`` without reading the row back."""
-        self._advance(
-            *state.key, status, now, reason, response, via, False, attempt, "1", claim_until
+        self._advance(*state.key, status, now, reason, response, via, False, attempt, "1", via_at)
+        return state.moved(
+            status, now, reason=reason, response=response, via=via, via_at=via_at, attempt=attempt
         )
-        return state.moved(status, now, reason=reason, response=response, via=via, attempt=attempt)
 
     def _advance(
         self,
@@ -338,39 +347,24 @@ class SqliteState(StateStore):
         now: float,
         reason: str,
         response: bytes | None,
-        via: Status | None,
+        via: Via,
         retry: bool,
-        attempt: Attempt | None,
+        attempt: Attempts,
         returning: str,
-        claim_until: float | None = None,
+        via_at: float | None = None,
     ) -> tuple[Any, ...]:
-        allowed, steps = path_to(status, via, retry)
-        entries = [_json([step.value, now, reason]) for step in steps]
-        pairs = ", ".join(["'$[#]', json(?)"] * len(entries))
-        sql = (
-            "UPDATE messages SET status = ?, updated_at = ?, reason = ?, "
-            f"response = COALESCE(?, response), history = json_insert(history, {pairs})"
-        )
-        args: list[object] = [
-            status.value,
-            now,
-            reason if status is Status.FAILED else "",
-            response,
-            *entries,
-        ]
-        if attempt is not None:
-            sql += ", attempts = json_insert(attempts, '$[#]', json(?))"
-            args.append(_json(attempt))
-        if claim_until is not None:  # claimed for the next send (as begin_send would)
-            sql += ", was_sending = NULL, sending_until = ?"
-            args.append(claim_until)
-        elif attempt is not None:
-            sql += ", sending_until = NULL"
-        marks = ", ".join("?" * len(allowed))
-        sql += (
-            f" WHERE source_id = ? AND message_id = ? AND status IN ({marks}) RETURNING {returning}"
-        )
-        args += [source_id, message_id, *(a.value for a in allowed)]
+        tried = attempts_of(attempt)
+        shape = (status, via, retry, len(tried), returning)
+        statement = _STATEMENTS.get(shape)
+        if statement is None:
+            statement = _STATEMENTS[shape] = _advance_statement(*shape)
+        sql, passed, allowed = statement
+        at = now if via_at is None else via_at
+        args: list[object] = [passed[-1], now, reason if status is Status.FAILED else "", response]
+        args += [_json([step, at, reason]) for step in passed[:-1]]
+        args.append(_json([passed[-1], now, reason]))
+        args += [_json(a) for a in tried]
+        args += [source_id, message_id, *allowed]
         with self._write() as c:
             # fetchall: the statement runs to its end (alone: its transaction commits now)
             rows = c.execute(sql, args).fetchall()
@@ -575,6 +569,30 @@ class SqliteState(StateStore):
 
 
 _STATUS = {s.value: s for s in Status}
+# the UPDATE of a move by its shape (see ``_advance_statement``), made once
+_STATEMENTS: dict[tuple[Any, ...], tuple[str, list[str], list[str]]] = {}
+
+
+def _advance_statement(
+    status: Status, via: Via, retry: bool, attempts: int, returning: str
+) -> tuple[str, list[str], list[str]]:
+    """The UPDATE of a move to ``status`` (through ``via``; a ``retry``) recording
+    ``attempts`` attempts; the statuses its history entries name, in order; the statuses it
+    may come from. Its parameters: the status, the time, the reason, the response, the
+    entries, the attempts, the message's key, the statuses it may come from."""
+    allowed, steps = path_to(status, via, retry)
+    entries = ", ".join(["'$[#]', json(?)"] * len(steps))
+    sql = (
+        "UPDATE messages SET status = ?, updated_at = ?, reason = ?, "
+        f"response = COALESCE(?, response), history = json_insert(history, {entries})"
+    )
+    if attempts:
+        pairs = ", ".join(["'$[#]', json(?)"] * attempts)
+        sql += f", attempts = json_insert(attempts, {pairs})"
+        sql += ", sending_until = NULL"  # (an attempt recorded: its send is over)
+    marks = ", ".join("?" * len(allowed))
+    sql += f" WHERE source_id = ? AND message_id = ? AND status IN ({marks}) RETURNING {returning}"
+    return sql, [step.value for step in steps], sorted(a.value for a in allowed)
 
 
 def _json(value: object) -> str:
