@@ -329,8 +329,13 @@ class CollectorServer:
                 status=503, text="the collector is shutting down\n", headers={"Retry-After": "1"}
             )
         try:
-            async with asyncio.timeout(self._deadline.timeout_s):
-                body = await request.read() if request.can_read_body else b""
+            if not request.can_read_body:
+                body = b""
+            elif request.content.is_eof():  # all of it came with the head: nothing to wait for
+                body = await request.read()
+            else:
+                async with asyncio.timeout(self._deadline.timeout_s):
+                    body = await request.read()
         except TimeoutError:
             self.collector.metrics.rejected("request_timeout")
             return web.Response(

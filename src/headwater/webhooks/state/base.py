@@ -137,7 +137,10 @@ class MessageState:
     ) -> MessageState:
         """This message as ``StateStore.move`` leaves it (what ``move`` returns, worked out
         here instead of read back)."""
-        moved = tuple(Transition(s, at, reason) for s, at in stamped(status, via, now, via_at))
+        if via is None:  # (the common case, without the general path's tuples)
+            moved: tuple[Transition, ...] = (Transition(status, now, reason),)
+        else:
+            moved = tuple(Transition(s, at, reason) for s, at in stamped(status, via, now, via_at))
         return MessageState(  # (not ``dataclasses.replace``: a hot path, and it is 5x slower)
             self.source_id,
             self.message_id,
