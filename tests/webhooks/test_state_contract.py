@@ -633,7 +633,8 @@ def test_redis_lists_the_messages_recorded_before_the_listing(redis_service) -> 
 def test_redis_scores_in_seconds_from_an_older_store_are_listed_again(redis_service) -> None:
     """A store whose sets were scored in seconds (as they once were, not in whole microseconds)
     is listed again on first use: its pages, its failed messages since a time and its purge
-    answer as they would in a new store; the sets by source it kept are deleted."""
+    answer as they would in a new store; the sets by source it kept are deleted, and so, at its
+    first purge, is the set of DONE messages it kept beside the listing."""
     import redis
 
     prefix = f"test[{uuid.uuid4().hex[:6]}]:"
@@ -659,6 +660,7 @@ def test_redis_scores_in_seconds_from_an_older_store_are_listed_again(redis_serv
     by_source = [f"{prefix}ls:s1\0ARRIVED", f"{prefix}lsr:s1\0r1\0ARRIVED"]
     for key in by_source:  # the sets by source an older store kept
         client.zadd(key, {"s1\0m1": 100.0})
+    client.zadd(f"{prefix}d", {"s1\0m1": 1001.0})  # and its DONE messages beside l:DONE
     fresh = RedisState(redis_service.url, prefix=prefix)
     assert [m.key for m in fresh.failed(since=1150.0)] == [m.key for m in failed]
     assert client.exists(*by_source) == 0
@@ -669,6 +671,7 @@ def test_redis_scores_in_seconds_from_an_older_store_are_listed_again(redis_serv
         == [m for m in listed if m.key[0] == "s1" and m.receiver == "r0"][7:]
     )
     assert fresh.purge(before=1100.0) == len(range(1, 100, 3))
+    assert client.exists(f"{prefix}d") == 0
     counted = sum(n for by_status in fresh.counts().values() for n in by_status.values())
     assert counted == 300 - len(range(1, 100, 3))
     for store in (old, fresh):

@@ -4,6 +4,7 @@ prints one line per acked record: ``run thread seq index partition offset``."""
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import sys
 import threading
@@ -23,6 +24,14 @@ def record_id(run: int, thread: int, seq: int, index: int) -> bytes:
 def value_for(rid: bytes) -> bytes:
     digest = hashlib.sha256(rid).digest()
     return rid + b"|" + digest * (1 + digest[0] % 8)
+
+
+def _write_all(data: bytes) -> None:
+    """Every byte to stdout: a write to a pipe may take only part of a large buffer (a text
+    stream's ``write`` would not write the rest), and the parent parses whole lines."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view) :]
 
 
 def main() -> None:
@@ -45,8 +54,7 @@ def main() -> None:
                 for rid, p in zip(ids, positions, strict=True)
             )
             with out:
-                sys.stdout.write(lines)
-                sys.stdout.flush()
+                _write_all(lines.encode())
             seq += 1
 
     threads = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(4)]

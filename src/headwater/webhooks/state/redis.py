@@ -5,9 +5,10 @@ on the server; the rate limit's clock is the server's (``TIME``), the same for e
 Keys (under ``prefix``): ``m:<source>\\0<id>`` a hash (receiver, status, payload, times, reason,
 response), ``h:<source>\\0<id>`` its history and ``a:<source>\\0<id>`` its attempts (lists of JSON),
 ``s:<kind>`` the schedule (a sorted set by due time), ``r:<receiver>`` the rate limit's
-theoretical arrival time, ``f`` the FAILED messages and ``d`` the DONE ones (sorted sets by the
-time they got there, in whole microseconds as the listing),
-``receivers`` the receivers' disabled flags (a hash by name).
+theoretical arrival time, ``f`` the FAILED messages (a sorted set by the time they failed, in
+whole microseconds as the listing), ``receivers`` the receivers' disabled flags (a hash by
+name). The DONE messages ``purge`` forgets are the listing's ``l:DONE``, by the time they got
+there (a set ``d`` of them once repeated it: a store's first purge deletes it).
 
 The listing (``messages``, ``counts``): every message is a member ``<source>\\0<id>`` of two
 sorted sets of its status, scored by its ``updated_at`` in whole microseconds: ``l:<status>``
@@ -138,7 +139,7 @@ return out
 """
 )
 
-# KEYS: message hash, history, failed set, attempts, done set; ARGV: status, now, reason (kept when
+# KEYS: message hash, history, failed set, attempts; ARGV: status, now, reason (kept when
 # FAILED), has response, response, member of the failed set (and the listing), k attempts, prefix,
 # '1' to read the message back, n history entries, the entries..., the attempts..., allowed
 # previous statuses... Returns the message as it is now (its hash, history and attempts), or only
@@ -171,7 +172,6 @@ if ARGV[1] == 'FAILED' then
 elseif current == 'FAILED' then
   redis.call('ZREM', KEYS[3], ARGV[6])
 end
-if ARGV[1] == 'DONE' then redis.call('ZADD', KEYS[5], score(ARGV[2]), ARGV[6]) end
 if ARGV[9] ~= '1' then return {'ok'} end
 return {'ok', redis.call('HGETALL', KEYS[1]), redis.call('LRANGE', KEYS[2], 0, -1),
         redis.call('LRANGE', KEYS[4], 0, -1)}
@@ -249,8 +249,8 @@ redis.call('SET', KEYS[1], tostring(tat + interval), 'PX', math.ceil(interval * 
 return '0'
 """
 
-# KEYS: the done set; ARGV: prefix, before (whole microseconds), limit. Returns how many were
-# forgotten.
+# KEYS: the listing's set of DONE messages; ARGV: prefix, before (whole microseconds), limit.
+# Returns how many were forgotten.
 _PURGE = (
     _LISTING
     + """
@@ -258,8 +258,10 @@ local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LI
 for _, member in ipairs(members) do
   local message = ARGV[1] .. 'm:' .. member
   local found = redis.call('HMGET', message, 'receiver', 'status')
-  if found[1] then relist(ARGV[1], found[1], found[2], nil, member, 0) end
-  redis.call('DEL', message, ARGV[1] .. 'h:' .. member, ARGV[1] .. 'a:' .. member)
+  if not found[1] or found[2] == 'DONE' then  -- (else listed here by mistake: left alone)
+    if found[1] then relist(ARGV[1], found[1], found[2], nil, member, 0) end
+    redis.call('DEL', message, ARGV[1] .. 'h:' .. member, ARGV[1] .. 'a:' .. member)
+  end
   redis.call('ZREM', KEYS[1], member)
 end
 return #members
@@ -359,7 +361,7 @@ return rows
 """
 )
 
-# KEYS: receivers with messages, failed set, done set; ARGV: prefix, members... Lists each
+# KEYS: receivers with messages, failed set; ARGV: prefix, members... Lists each
 # message where its hash says (out of any other status's sets), scored in whole microseconds:
 # recorded before the listing existed, scored in seconds as it once was, or listed already.
 _RELIST = (
@@ -375,7 +377,6 @@ for i = 2, #ARGV do
     relist(ARGV[1], found[1], nil, found[2], member, found[3])
     redis.call('SADD', KEYS[1], found[1])
     if found[2] == 'FAILED' then redis.call('ZADD', KEYS[2], score(found[3]), member) end
-    if found[2] == 'DONE' then redis.call('ZADD', KEYS[3], score(found[3]), member) end
   end
 end
 return 0
@@ -498,6 +499,7 @@ class RedisState(StateStore):
         self._counts = self._redis.register_script(_COUNTS)
         self._relist = self._redis.register_script(_RELIST)
         self._listed = False  # the messages from before the listing are known to be in it
+        self._purged = False  # this store purged once (an older store's ``d`` is gone)
         self.walk = WALK
         self.scripts = [self._arrive, self._get, self._advance, self._attempt, self._schedule]
         self.scripts += [self._take_due, self._release, self._begin_send, self._acquire]
@@ -589,7 +591,7 @@ class RedisState(StateStore):
         args += [response or b"", f"{source_id}{SEP}{message_id}", len(tried), self.prefix]
         args += ["1" if read_back else "0", len(entries), *entries, *tried]
         args += [s.value for s in allowed]
-        keys = [message, history, f"{self.prefix}f", attempts, f"{self.prefix}d"]
+        keys = [message, history, f"{self.prefix}f", attempts]
 
         def done(outcome: Any) -> MessageState | None:
             verdict = outcome[0]
@@ -837,7 +839,7 @@ class RedisState(StateStore):
             return
         marker = f"{self.prefix}lv2"
         if not self._redis.exists(marker):
-            keys = [f"{self.prefix}lrs", f"{self.prefix}f", f"{self.prefix}d"]
+            keys = [f"{self.prefix}lrs", f"{self.prefix}f"]
             head = f"{self.prefix}m:".encode()
             found = self._redis.scan_iter(match=_glob(head), count=1000)
             for batch in _chunks((key[len(head) :] for key in found), RELIST_BATCH):
@@ -851,8 +853,11 @@ class RedisState(StateStore):
 
     def purge(self, before: float, limit: int = 1000) -> int:
         self._list_existing()
+        if not self._purged:  # the set of DONE messages an older store kept beside l:DONE
+            self._redis.unlink(f"{self.prefix}d")
+            self._purged = True
         args = [self.prefix, _score(before), limit]
-        return int(self._purge(keys=[f"{self.prefix}d"], args=args))
+        return int(self._purge(keys=[self._listing(None, Status.DONE)], args=args))
 
     def set_receiver(self, name: str, disabled: bool, reason: str, now: float) -> None:
         flag = json.dumps({"disabled": disabled, "reason": reason, "at": now})
