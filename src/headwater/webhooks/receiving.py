@@ -174,36 +174,37 @@ class Receiving:
         """DONE, with the callback's ``attempt``: and with the response, in the same step of
         the state, when the step that got it left it unrecorded. InvalidTransition when
         another worker moved the message first."""
-        now = self.clock()
-        left = self._unrecorded.pop(state.key, None)
-        if left is None:
-            await self.state.move(state, Status.DONE, now, attempt=attempt)
-            return
-        read, at, delivered = left
-        await self.state.move(
-            read,
-            Status.DONE,
-            now,
-            response=state.response,
-            via=(Status.DELIVERED_TO_RECEIVER, Status.RESPONSE_RECEIVED_FROM_RECEIVER),
-            via_at=at,
-            attempt=delivered if attempt is None else (delivered, attempt),
-        )
+        if not await self._record_left(state, Status.DONE, attempt):
+            await self.state.move(state, Status.DONE, self.clock(), attempt=attempt)
 
     async def record_response(self, state: MessageState) -> None:
         """Record the response the step that got it left unrecorded (its callback did not
         succeed), as that step would have."""
+        await self._record_left(state, Status.RESPONSE_RECEIVED_FROM_RECEIVER)
+
+    async def _record_left(
+        self, state: MessageState, status: Status, attempt: Attempt | None = None
+    ) -> bool:
+        """Record the response the step that got it left unrecorded, the message moving on to
+        ``status`` (DONE now, with the callback's ``attempt``; or RESPONSE_RECEIVED_FROM_RECEIVER
+        as of when the response came); False when nothing was left."""
         left = self._unrecorded.pop(state.key, None)
-        if left is not None:
-            read, at, delivered = left
-            await self.state.move(
-                read,
-                Status.RESPONSE_RECEIVED_FROM_RECEIVER,
-                at,
-                response=state.response,
-                via=Status.DELIVERED_TO_RECEIVER,
-                attempt=delivered,
-            )
+        if left is None:
+            return False
+        read, at, delivered = left
+        via: tuple[Status, ...] = (Status.DELIVERED_TO_RECEIVER,)
+        if status is Status.DONE:
+            via += (Status.RESPONSE_RECEIVED_FROM_RECEIVER,)
+        await self.state.move(
+            read,
+            status,
+            self.clock() if status is Status.DONE else at,
+            response=state.response,
+            via=via,
+            via_at=at,
+            attempt=delivered if attempt is None else (delivered, attempt),
+        )
+        return True
 
     def signer(self, endpoint: ReceiverConfig) -> Signer:
         """The signer of a receiver (or of a sender's callback), made once per set of secrets."""

@@ -261,20 +261,18 @@ class Workers:
         # the steps run here are decided first: their sends are claimed with the arrival
         now = time.time()
         claims: list[float | None] = []
+        claimed: dict[tuple[str, str], float | None] = {}  # (a repeat's: the first's)
         taken: dict[tuple[str, str], int] = {}
         for message in messages:
             receiver = self._takes_on(message)
-            if receiver is None:
-                claims.append(None)
-                continue
-            claims.append(ctx.claim_until(receiver, message.source_id, now))
-            taken[_key(message)] = taken.get(_key(message), 0) + 1
+            claim = None if receiver is None else ctx.claim_until(receiver, message.source_id, now)
+            claims.append(claim)
+            claimed.setdefault(key := _key(message), claim)
+            if receiver is not None:
+                taken[key] = taken.get(key, 0) + 1
         recorded: list[MessageState] = []
         routed = await from_senders(self.state, self.config, messages, now, recorded, claims)
         ctx.remember(recorded)  # (before their records can be read)
-        claimed: dict[tuple[str, str], float | None] = {}
-        for message, claim in zip(messages, claims, strict=True):  # (a repeat's: the first's)
-            claimed.setdefault(_key(message), claim)
         ctx.arrival_claims([(s.key, c) for s in recorded if (c := claimed[s.key]) is not None])
         batches: dict[str, list[Message]] = {}
         here: list[WebhookMessage] = []

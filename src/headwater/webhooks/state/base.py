@@ -208,7 +208,7 @@ def path_to(
         return frozenset({Status.FAILED}), [status]
     if via is None:
         return ALLOWED_FROM[status], [status]
-    path = [via] if isinstance(via, Status) else list(via)
+    path = _through(via)
     for before, after in zip(path, [*path[1:], status], strict=True):
         if before not in ALLOWED_FROM[after]:
             raise ValueError(f"{after} cannot come from {before}")
@@ -221,10 +221,14 @@ def stamped(
     """The transitions a move records, each with its time: those it passes through (``via``)
     at ``via_at`` (``now`` when None), the last at ``now``."""
     at = now if via_at is None else via_at
+    return [*((s, at) for s in _through(via)), (status, now)]
+
+
+def _through(via: Via) -> list[Status]:
+    """The statuses a move passes through, in turn."""
     if via is None:
-        return [(status, now)]
-    path = [via] if isinstance(via, Status) else list(via)
-    return [*((s, at) for s in path), (status, now)]
+        return []
+    return [via] if isinstance(via, Status) else list(via)
 
 
 def attempts_of(attempt: Attempts) -> tuple[Attempt, ...]:
