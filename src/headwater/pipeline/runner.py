@@ -108,6 +108,26 @@ def sources_in(checkpoint: Path) -> int | None:
     return max(len(lines) - 2, 0)
 
 
+def clear_unplanned_start(checkpoint: Path) -> list[Path]:
+    """Remove what a kill left in a checkpoint whose first batch was never planned, and return it.
+
+    Spark writes each offsets file to a hidden temporary beside it (``.0.<uuid>.tmp``, with its
+    ``.crc``) and renames it. A kill before the first rename leaves the temporary alone in
+    ``offsets``, and Spark then refuses the checkpoint for good (``offsets should be empty on
+    batch 0``). With no batch in the offset log nothing was read or written from it, so the
+    query may start as new. A checkpoint with a batch is left to Spark as it is."""
+    folder = checkpoint / "offsets"
+    if not folder.is_dir():
+        return []
+    files = list(folder.iterdir())
+    if any(p.name.isdigit() for p in files):
+        return []
+    left = [p for p in files if p.name.startswith(".") and p.is_file()]
+    for p in left:
+        p.unlink()
+    return left
+
+
 def last_batch(writer: BatchWriter, batch_id: int, seconds: float) -> LastBatch:
     """The batch ``writer`` has just finished, as its stats say (rows per table; a mirror's
     writer counts changes, for all its tables together)."""
@@ -192,6 +212,12 @@ class Pipeline:
 
     def _start(self, q: DestinationQuery, *, available_now: bool) -> StreamingQuery | None:
         """Start the destination's query (None: the pipeline is stopping)."""
+        for left in clear_unplanned_start(Path(self.checkpoint(q.dest))):
+            log.warning(
+                "destination %s: removed %s, a first batch's offsets never written (a kill)",
+                q.dest.id,
+                left,
+            )
         frame = source_frame(self.spark, self.config, q.dest, Path(self.checkpoint(q.dest)))
         dest_id, board, writer_fn = q.dest.id, self.status, q.writer
 
