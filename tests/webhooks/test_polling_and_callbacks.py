@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from headwater.testing.webhooks import Reply, Script, run_steps, running_receiver
+from headwater.testing.webhooks import Receiver, Reply, Script, run_steps, running_receiver
 from headwater.webhooks.callbacks import callback_body, to_sender
 from headwater.webhooks.config import WebhooksConfig
 from headwater.webhooks.polling import next_poll_in, poll
@@ -28,6 +28,14 @@ from headwater.webhooks.state.sqlite import SqliteState
 RECEIVER_SECRET = "whsec_" + base64.b64encode(b"r" * 32).decode()
 SOURCE_SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()
 T = TypeVar("T")
+
+
+def called_back(tmp_path: Path, receiver: Receiver, sender: Receiver) -> Flow:
+    """A flow whose source is called back at ``sender``, with message m1 just arrived."""
+    callback = {"callback_url": sender.url, "secret": SOURCE_SECRET}
+    flow = Flow(tmp_path, receiver.url, receiver.status_url, **callback)
+    flow.store.arrive("github", "m1", "ci", b"{}", time.time())
+    return flow
 
 
 def scripted(*replies: Reply) -> Script:
@@ -119,9 +127,7 @@ def test_a_failing_callback_is_retried_then_done(tmp_path: Path) -> None:
         running_receiver(RECEIVER_SECRET, scripted(Reply(200, b"not json"))) as receiver,
         running_receiver(SOURCE_SECRET, scripted(Reply(503), Reply(200))) as sender,
     ):
-        callback = {"callback_url": sender.url, "secret": SOURCE_SECRET}
-        flow = Flow(tmp_path, receiver.url, receiver.status_url, **callback)
-        flow.store.arrive("github", "m1", "ci", b"{}", time.time())
+        flow = called_back(tmp_path, receiver, sender)
         assert flow.run(lambda r: r.to_receiver("github", "m1")) is Step.RESPONDED
         assert flow.run(lambda r: to_sender(r, "github", "m1")) is Step.SCHEDULED
         assert flow.store.take_due(CALLBACK, time.time() + 10, 10) == [("github", "m1")]
@@ -191,9 +197,7 @@ def test_a_callback_made_in_place_is_recorded_with_the_response_in_one_step(
         running_receiver(RECEIVER_SECRET, scripted(Reply(200, b'{"build": 1}'))) as receiver,
         running_receiver(SOURCE_SECRET, on_callback) as sender,
     ):
-        callback = {"callback_url": sender.url, "secret": SOURCE_SECRET}
-        flow = Flow(tmp_path, receiver.url, receiver.status_url, **callback)
-        flow.store.arrive("github", "m1", "ci", b"{}", time.time())
+        flow = called_back(tmp_path, receiver, sender)
         assert flow.run(in_place()) is Step.RESPONDED
         assert len(sender.posts()) == 1
     assert seen == [(Status.ARRIVED, Claim.BUSY)]
@@ -216,9 +220,7 @@ def test_a_callback_made_in_place_that_fails_leaves_the_response_recorded(
         running_receiver(RECEIVER_SECRET, scripted(Reply(200, b"{}"))) as receiver,
         running_receiver(SOURCE_SECRET, scripted(Reply(503), Reply(200))) as sender,
     ):
-        callback = {"callback_url": sender.url, "secret": SOURCE_SECRET}
-        flow = Flow(tmp_path, receiver.url, receiver.status_url, **callback)
-        flow.store.arrive("github", "m1", "ci", b"{}", time.time())
+        flow = called_back(tmp_path, receiver, sender)
         assert flow.run(in_place()) is Step.RESPONDED
         state = flow.state()
         assert (state.status, state.response) == (Status.RESPONSE_RECEIVED_FROM_RECEIVER, b"{}")

@@ -212,13 +212,14 @@ class Pipeline:
 
     def _start(self, q: DestinationQuery, *, available_now: bool) -> StreamingQuery | None:
         """Start the destination's query (None: the pipeline is stopping)."""
-        for left in clear_unplanned_start(Path(self.checkpoint(q.dest))):
+        checkpoint = Path(self.checkpoint(q.dest))
+        for left in clear_unplanned_start(checkpoint):
             log.warning(
                 "destination %s: removed %s, a first batch's offsets never written (a kill)",
                 q.dest.id,
                 left,
             )
-        frame = source_frame(self.spark, self.config, q.dest, Path(self.checkpoint(q.dest)))
+        frame = source_frame(self.spark, self.config, q.dest, checkpoint)
         dest_id, board, writer_fn = q.dest.id, self.status, q.writer
 
         def write(batch: DataFrame, batch_id: int) -> None:

@@ -47,6 +47,7 @@ from headwater.webhooks.state.base import (
     Via,
     attempts_of,
     path_to,
+    stamped,
     statuses,
 )
 
@@ -358,11 +359,14 @@ class SqliteState(StateStore):
         statement = _STATEMENTS.get(shape)
         if statement is None:
             statement = _STATEMENTS[shape] = _advance_statement(*shape)
-        sql, passed, allowed = statement
-        at = now if via_at is None else via_at
-        args: list[object] = [passed[-1], now, reason if status is Status.FAILED else "", response]
-        args += [_json([step, at, reason]) for step in passed[:-1]]
-        args.append(_json([passed[-1], now, reason]))
+        sql, allowed = statement
+        args: list[object] = [
+            status.value,
+            now,
+            reason if status is Status.FAILED else "",
+            response,
+        ]
+        args += [_json([step.value, at, reason]) for step, at in stamped(status, via, now, via_at)]
         args += [_json(a) for a in tried]
         args += [source_id, message_id, *allowed]
         with self._write() as c:
@@ -570,16 +574,16 @@ class SqliteState(StateStore):
 
 _STATUS = {s.value: s for s in Status}
 # the UPDATE of a move by its shape (see ``_advance_statement``), made once
-_STATEMENTS: dict[tuple[Any, ...], tuple[str, list[str], list[str]]] = {}
+_STATEMENTS: dict[tuple[Any, ...], tuple[str, list[str]]] = {}
 
 
 def _advance_statement(
     status: Status, via: Via, retry: bool, attempts: int, returning: str
-) -> tuple[str, list[str], list[str]]:
+) -> tuple[str, list[str]]:
     """The UPDATE of a move to ``status`` (through ``via``; a ``retry``) recording
-    ``attempts`` attempts; the statuses its history entries name, in order; the statuses it
-    may come from. Its parameters: the status, the time, the reason, the response, the
-    entries, the attempts, the message's key, the statuses it may come from."""
+    ``attempts`` attempts, and the statuses it may come from. Its parameters: the status, the
+    time, the reason, the response, the history entries (``stamped``), the attempts, the
+    message's key, the statuses it may come from."""
     allowed, steps = path_to(status, via, retry)
     entries = ", ".join(["'$[#]', json(?)"] * len(steps))
     sql = (
@@ -592,7 +596,7 @@ def _advance_statement(
         sql += ", sending_until = NULL"  # (an attempt recorded: its send is over)
     marks = ", ".join("?" * len(allowed))
     sql += f" WHERE source_id = ? AND message_id = ? AND status IN ({marks}) RETURNING {returning}"
-    return sql, [step.value for step in steps], sorted(a.value for a in allowed)
+    return sql, sorted(a.value for a in allowed)
 
 
 def _json(value: object) -> str:
